@@ -1,0 +1,24 @@
+"""Compression primitives (quantize, top-k, bit masks, seeded dropout).
+
+Each op is declared once in `_ops.py` as `torch.ops.slimfit.<op>` with a pure-PyTorch
+reference (`reference.py`), a C++ CPU kernel (csrc/) and a Triton CUDA kernel (`triton/`).
+"""
+from ._ops import SCHEMAS, backend_info
+from .api import (
+    PrunedTensor,
+    QuantizedTensor,
+    dequantize,
+    dropout_mask,
+    new_seed,
+    pack_bits,
+    quantize,
+    seeded_dropout,
+    topk_prune,
+    topk_restore,
+    unpack_bits,
+)
+
+__all__ = [
+    "SCHEMAS", "backend_info", "PrunedTensor", "QuantizedTensor", "dequantize", "dropout_mask",
+    "new_seed", "pack_bits", "quantize", "seeded_dropout", "topk_prune", "topk_restore", "unpack_bits",
+]

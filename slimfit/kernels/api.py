@@ -1,0 +1,148 @@
+"""User-facing compression primitives: argument checks, NaN/Inf errors, and small
+named structures of tensors plus static metadata (what autograd functions save)."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from . import _ops  # noqa: F401  (registers torch.ops.slimfit.*)
+from .validation import (
+    check_dropout_p,
+    check_float_input,
+    check_quant_args,
+    check_seed,
+    check_topk_args,
+)
+
+ops = torch.ops.slimfit
+
+
+class QuantizedTensor(NamedTuple):
+    codes: torch.Tensor   # uint8, bit-packed codes of the flattened tensor
+    scale: torch.Tensor   # fp32, one per group
+    offset: torch.Tensor  # fp32 (group minimum), one per group
+    shape: tuple
+    dtype: torch.dtype
+    bits: int
+    group_size: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset))
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.codes, self.scale, self.offset
+
+    def meta(self) -> tuple:
+        return self.shape, self.dtype, self.bits, self.group_size
+
+    @classmethod
+    def from_parts(cls, tensors, meta) -> "QuantizedTensor":
+        return cls(*tensors, *meta)
+
+
+class PrunedTensor(NamedTuple):
+    values: torch.Tensor   # (*leading, k), input dtype
+    indices: torch.Tensor  # (*leading, k), int16 or int32, ascending per row
+    row_length: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.values, self.indices))
+
+
+def new_seed() -> int:
+    """A seed drawn from torch's default CPU generator, so torch.manual_seed makes runs repeatable."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+def _raise_non_finite(op: str, what: str) -> None:
+    raise ValueError(
+        f"slimfit.{op}: the input contains NaN or Inf ({what}); compressing it would give silent "
+        "garbage. Check the model for overflow (e.g. fp16 without loss scaling) or pass "
+        "check_finite=False to skip this check."
+    )
+
+
+def quantize(
+    x: torch.Tensor,
+    bits: int = 8,
+    group_size: int = 128,
+    stochastic: bool = False,
+    seed: int | None = None,
+    check_finite: bool = True,
+) -> QuantizedTensor:
+    """Per-group asymmetric min/max quantization of x (flattened) to `bits` bits.
+
+    check_finite costs one host synchronisation on CUDA (it inspects the per-group
+    scales, not the whole input)."""
+    check_float_input(x, "quantize")
+    check_quant_args(bits, group_size)
+    if seed is None:
+        seed = new_seed() if stochastic else 0
+    check_seed(seed, "quantize")
+    codes, scale, offset = ops.quantize(x, bits, group_size, bool(stochastic), int(seed))
+    if check_finite and scale.numel() and not bool(torch.isfinite(scale).all() & torch.isfinite(offset).all()):
+        _raise_non_finite("quantize", "a group's min/max is not finite")
+    return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size)
+
+
+def dequantize(q: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return ops.dequantize(q.codes, q.scale, q.offset, q.bits, q.group_size, list(q.shape), dtype or q.dtype)
+
+
+def topk_prune(
+    x: torch.Tensor,
+    k: int | None = None,
+    ratio: float | None = None,
+    by_magnitude: bool = True,
+    check_finite: bool = True,
+) -> PrunedTensor:
+    """Keep the k largest entries of each row (last dimension); give k or ratio (0, 1]."""
+    check_float_input(x, "topk_prune")
+    if (k is None) == (ratio is None):
+        raise ValueError("slimfit.topk_prune: give exactly one of k or ratio")
+    if ratio is not None:
+        if not (0.0 < ratio <= 1.0):
+            raise ValueError(f"slimfit.topk_prune: ratio must be in (0, 1], got {ratio}")
+        k = max(1, math.ceil(ratio * x.shape[-1])) if x.dim() else 1
+    check_topk_args(x, int(k))
+    if check_finite and x.numel() and not bool(torch.isfinite(x).all()):
+        _raise_non_finite("topk_prune", "an input entry is not finite")
+    values, indices = ops.topk_prune(x, int(k), bool(by_magnitude))
+    return PrunedTensor(values, indices, int(x.shape[-1]))
+
+
+def topk_restore(p: PrunedTensor) -> torch.Tensor:
+    return ops.topk_restore(p.values, p.indices, p.row_length)
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        raise TypeError(f"slimfit.pack_bits: expected a bool mask, got {mask.dtype} (use mask != 0)")
+    return ops.pack_bits(mask)
+
+
+def unpack_bits(packed: torch.Tensor, shape) -> torch.Tensor:
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"slimfit.unpack_bits: expected uint8 packed bits, got {packed.dtype}")
+    shape = tuple(shape)
+    numel = math.prod(shape)
+    if packed.numel() * 8 < numel:
+        raise ValueError(f"slimfit.unpack_bits: {packed.numel()} bytes cannot hold {numel} bits")
+    return ops.unpack_bits(packed, numel).view(shape)
+
+
+def dropout_mask(like: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    check_dropout_p(p)
+    check_seed(seed, "dropout_mask")
+    return ops.dropout_mask(like, float(p), int(seed))
+
+
+def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    check_float_input(x, "seeded_dropout")
+    check_dropout_p(p)
+    check_seed(seed, "seeded_dropout")
+    return ops.seeded_dropout(x, float(p), int(seed))

@@ -1,0 +1,137 @@
+"""Pure-PyTorch reference of every slimfit op: the specification the C++ and Triton
+kernels must match bit for bit (same formulas, same fp32 operation order).
+
+Formats
+-------
+quantize: the tensor is flattened (row-major) and cut into groups of `group_size`
+consecutive elements; the last group may be short. Per group, in fp32:
+    mn = min, mx = max, scale = (mx - mn) / (2**bits - 1)
+    q = (x - mn) / (scale if scale > 0 else 1)
+    code = clamp(floor(q + 0.5), 0, 2**bits - 1)          # nearest
+    code = clamp(floor(q + u), 0, 2**bits - 1)            # stochastic, u = rng.uniform(seed, i)
+Codes are packed little-endian inside each byte: element i sits in byte i // (8 // bits)
+at bit (i % (8 // bits)) * bits; unused high bits of the last byte are zero.
+scale and offset (= mn) are fp32, one per group. A group holding NaN/Inf yields a
+non-finite scale or offset (the Python wrapper turns that into an error).
+dequantize: x = (code * scale + offset) in fp32 (no fused multiply-add), cast to dtype.
+
+topk_prune: per row of the last dimension, keep the k entries with the largest key
+(key = x, or |x| when by_magnitude). Ties at the threshold keep the lowest indices.
+Kept entries are listed in ascending index order; values keep the input dtype, indices
+are int16 when the row length is at most 32768, int32 otherwise.
+
+pack_bits: element i of the flattened mask is bit i % 8 of byte i // 8.
+
+dropout_mask: keep element i when rng.uniform(seed, i) >= p.
+seeded_dropout: y = x * float32(1 / (1 - p)) where kept (in fp32, cast back), else 0;
+p == 1 gives zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import rng
+from .validation import codes_per_byte, num_groups, topk_index_dtype
+
+
+def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes: int64 (n,) with values < 2**bits -> uint8 (ceil(n / per),)."""
+    per = codes_per_byte(bits)
+    n = codes.numel()
+    pad = (-n) % per
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    shifts = torch.arange(per, device=codes.device, dtype=torch.int64) * bits
+    return (codes.view(-1, per) << shifts).sum(dim=1).to(torch.uint8)
+
+
+def _unpack_codes(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    per = codes_per_byte(bits)
+    shifts = torch.arange(per, device=packed.device, dtype=torch.int64) * bits
+    codes = (packed.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(-1)[:numel]
+
+
+def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed: int):
+    flat = x.reshape(-1).to(torch.float32)
+    n = flat.numel()
+    ng = num_groups(n, group_size)
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.float32, device=x.device)
+        return torch.empty(0, dtype=torch.uint8, device=x.device), empty, empty.clone()
+    pad = ng * group_size - n
+    # Edge padding keeps each group's min and max unchanged.
+    padded = torch.cat([flat, flat[-1:].expand(pad)]) if pad else flat
+    groups = padded.view(ng, group_size)
+    mn = groups.amin(dim=1)
+    mx = groups.amax(dim=1)
+    levels = (1 << bits) - 1
+    scale = (mx - mn) / levels
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (groups - mn[:, None]) / divisor[:, None]
+    if stochastic:
+        noise = rng.uniform(seed, ng * group_size, x.device).view(ng, group_size)
+    else:
+        noise = 0.5
+    codes = torch.floor(q + noise).clamp_(0, levels).to(torch.int64).reshape(-1)[:n]
+    return _pack_codes(codes, bits), scale, mn
+
+
+def dequantize(codes, scale, offset, bits: int, group_size: int, shape, dtype):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n == 0:
+        return torch.empty(tuple(shape), dtype=dtype, device=codes.device)
+    values = _unpack_codes(codes, bits, n).to(torch.float32)
+    group = torch.arange(n, device=codes.device) // group_size
+    out = values * scale[group]
+    out = out + offset[group]
+    return out.to(dtype).view(tuple(shape))
+
+
+def topk_prune(x: torch.Tensor, k: int, by_magnitude: bool):
+    key = x.abs() if by_magnitude else x
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :k]
+    idx = torch.sort(order, dim=-1).values
+    values = torch.gather(x, -1, idx)
+    return values, idx.to(topk_index_dtype(x.shape[-1]))
+
+
+def topk_restore(values: torch.Tensor, indices: torch.Tensor, row_length: int):
+    out = values.new_zeros(values.shape[:-1] + (row_length,))
+    if values.numel() == 0:
+        return out
+    # int16 indices may encode rows up to 32768 only; int32 beyond.
+    idx = indices.to(torch.int64)
+    return out.scatter_(-1, idx, values)
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    bits = mask.reshape(-1).to(torch.int64)
+    n = bits.numel()
+    pad = (-n) % 8
+    if pad:
+        bits = torch.cat([bits, bits.new_zeros(pad)])
+    shifts = torch.arange(8, device=mask.device, dtype=torch.int64)
+    return (bits.view(-1, 8) << shifts).sum(dim=1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    shifts = torch.arange(8, device=packed.device, dtype=torch.int64)
+    bits = (packed.to(torch.int64).unsqueeze(1) >> shifts) & 1
+    return bits.reshape(-1)[:numel].to(torch.bool)
+
+
+def dropout_mask(like: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    u = rng.uniform(seed, like.numel(), like.device)
+    return (u >= p).view(like.shape)
+
+
+def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    if p >= 1.0:
+        return torch.zeros_like(x, memory_format=torch.contiguous_format)
+    keep = dropout_mask(x, p, seed)
+    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    y = x.to(torch.float32) * factor
+    return torch.where(keep, y, torch.zeros((), dtype=torch.float32)).to(x.dtype)
