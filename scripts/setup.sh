@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) with the CPU build of torch, then installs slimfit with its
+# native extension. The build must not be isolated: the extension compiles against the
+# torch installed here. Usage: bash scripts/setup.sh [extras, e.g. test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+VENV="${SLIMFIT_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip setuptools wheel ninja
+# A pinned torch: 2.13.0 is the CPU build (an unpinned torch pulls a multi-GB CUDA build).
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==${SLIMFIT_TORCH_VERSION:-2.13.0}"
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+MAX_JOBS="${MAX_JOBS:-2}" "$PY" -m pip install -q --no-build-isolation -e "$spec"

@@ -1,0 +1,64 @@
+"""The `slimfit` command: `slimfit env` prints versions, backends and devices."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+
+def _env(_args) -> int:
+    import torch
+
+    import slimfit
+    from slimfit.kernels import backend_info
+
+    rows = [
+        ("slimfit", slimfit.__version__),
+        ("python", platform.python_version()),
+        ("platform", platform.platform()),
+        ("torch", f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})"),
+    ]
+    try:
+        import triton
+
+        rows.append(("triton", triton.__version__))
+    except Exception as exc:  # not installed, or broken
+        rows.append(("triton", f"unavailable ({type(exc).__name__})"))
+    try:
+        import transformers
+
+        rows.append(("transformers", transformers.__version__))
+    except Exception:
+        rows.append(("transformers", "not installed"))
+    info = backend_info()
+    rows.append(("backend requested", info["requested"] + "  (SLIMFIT_BACKEND)"))
+    rows.append(("CPU kernels", info["cpu"]))
+    if info["native_error"]:
+        rows.append(("native load error", info["native_error"]))
+    rows.append(("CPU threads", str(torch.get_num_threads())))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            rows.append((f"cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}"))
+        rows.append(("CUDA kernels (extension)", ", ".join(info["cuda_extension_ops"]) or "none"))
+        rows.append(("CUDA kernels (Triton)", ", ".join(info["cuda_triton_ops"]) or "none"))
+        if info["triton_error"]:
+            rows.append(("triton load error", info["triton_error"]))
+    else:
+        rows.append(("CUDA devices", "none"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slimfit", description="Fine-tune transformers in less memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("env", help="print versions, kernel backends and devices").set_defaults(func=_env)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
