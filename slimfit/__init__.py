@@ -1,6 +1,25 @@
 """slimfit: fine-tune transformers in far less accelerator memory."""
 from . import kernels
+from .config import SlimFitConfig
+# The functions shadow the subpackage name slimfit.patch on purpose (import its
+# modules as `slimfit.patch.<module>` or via sys.modules).
+from .patch import patch, unpatch
 
 __version__ = "0.1.0"
 
-__all__ = ["kernels", "__version__"]
+
+def __getattr__(name):
+    # Heavier layers load on first use, so `import slimfit` stays light.
+    if name in ("autograd", "memory", "scheduler"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "ILSScheduler":
+        from .scheduler import ILSScheduler
+
+        return ILSScheduler
+    raise AttributeError(f"module 'slimfit' has no attribute {name!r}")
+
+
+__all__ = ["kernels", "SlimFitConfig", "patch", "unpatch", "ILSScheduler", "autograd", "memory", "scheduler",
+           "__version__"]

@@ -1,0 +1,183 @@
+"""slimfit.patch(model, config): swap the layers of a model in place (same parameters,
+same state_dict keys); slimfit.unpatch(model) restores the original behaviour exactly."""
+from __future__ import annotations
+
+import warnings
+
+from torch import nn
+
+from ..config import SlimFitConfig
+from . import hf_attention
+from .families import family_for
+from .modules import (
+    OPTIONS,
+    ORIGINAL_CLASS,
+    Conv1DMixin,
+    DropoutMixin,
+    GELUMixin,
+    LayerNormMixin,
+    LinearMixin,
+    patched_class,
+)
+from .summary import PatchSummary
+
+MODEL_STATE = "_slimfit_state"
+
+
+def _gelu_kinds() -> dict:
+    """Exact activation classes -> 'none' | 'tanh' (the approximation they compute)."""
+    kinds = {nn.GELU: None}
+    try:
+        from transformers import activations as act
+
+        for name, approx in (("GELUActivation", "none"), ("NewGELUActivation", "tanh"),
+                             ("GELUTanh", "tanh"), ("PytorchGELUTanh", "tanh")):
+            if hasattr(act, name):
+                kinds[getattr(act, name)] = approx
+    except ImportError:
+        pass
+    return kinds
+
+
+def _conv1d_class():
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        return Conv1D
+    except ImportError:
+        return None
+
+
+_NOT_COMPRESSED = {
+    "SiLU": "SiLU activation has no compressed implementation (saved as in PyTorch)",
+    "SiLUActivation": "SiLU activation has no compressed implementation (saved as in PyTorch)",
+    "QuickGELUActivation": "QuickGELU is not GELU (saved as in PyTorch)",
+    "FastGELUActivation": "FastGELU's formula differs from GELU (saved as in PyTorch)",
+    "Conv2d": "convolutions are left alone",
+}
+
+
+def _swap(module: nn.Module, mixin: type, options: dict) -> None:
+    original = type(module)
+    setattr(module, ORIGINAL_CLASS, original)
+    setattr(module, OPTIONS, options)
+    module.__class__ = patched_class(original, mixin)
+
+
+def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Module, PatchSummary]:
+    """Patch `model` in place for `config` (default: SlimFitConfig.paper()); returns (model, summary).
+
+    Patching an already patched model with the same config returns the first summary;
+    with another config it raises (unpatch first)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"slimfit.patch expects a torch.nn.Module, got {type(model).__name__}")
+    config = SlimFitConfig.paper() if config is None else config
+    if not isinstance(config, SlimFitConfig):
+        raise TypeError(f"slimfit.patch: config must be a SlimFitConfig, got {type(config).__name__}")
+    state = getattr(model, MODEL_STATE, None)
+    if state is not None:
+        if state["config"] == config:
+            return model, state["summary"]
+        raise RuntimeError("slimfit.patch: this model is already patched with another config; call slimfit.unpatch(model) first")
+
+    family = family_for(model)
+    summary = PatchSummary(family=family.name if family else "generic")
+    gelu_kinds = _gelu_kinds()
+    conv1d = _conv1d_class()
+    common = {"group_size": config.group_size, "stochastic": config.stochastic}
+
+    for name, module in model.named_modules():
+        cls = type(module)
+        if hasattr(module, ORIGINAL_CLASS):
+            continue
+        if cls is nn.Linear or cls.__name__ == "NonDynamicallyQuantizableLinear" or (conv1d is not None and cls is conv1d):
+            is_ffn_out = family is not None and family.is_ffn_out(name)
+            bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
+            _swap(module, Conv1DMixin if cls is conv1d else LinearMixin, {"input_bits": bits, **common})
+            summary.patched.append((name, "linear", f"input {bits or 'full'}{'-bit' if bits else ''}, frozen fast path"))
+        elif cls in gelu_kinds:
+            approx = gelu_kinds[cls] if gelu_kinds[cls] is not None else module.approximate
+            if config.gelu_bits is None:
+                summary.skipped.append((name, cls.__name__, "gelu_bits=None"))
+                continue
+            _swap(module, GELUMixin, {"bits": config.gelu_bits, "approximate": approx, **common})
+            summary.patched.append((name, "gelu", f"{config.gelu_bits}-bit input ({approx})"))
+        elif cls is nn.LayerNorm:
+            if config.layernorm == "full" and config.layernorm_frozen == "full":
+                summary.skipped.append((name, cls.__name__, "layernorm saves in full"))
+                continue
+            _swap(module, LayerNormMixin, {"save": config.layernorm, "save_frozen": config.layernorm_frozen,
+                                           "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size})
+            summary.patched.append((name, "layernorm", f"{config.layernorm}/{config.layernorm_frozen} when frozen"))
+        elif cls is nn.Dropout:
+            if config.dropout == "torch":
+                continue
+            _swap(module, DropoutMixin, {"mode": config.dropout})
+            summary.patched.append((name, "dropout", config.dropout))
+        elif cls.__name__ in _NOT_COMPRESSED or "RMSNorm" in cls.__name__:
+            reason = _NOT_COMPRESSED.get(cls.__name__, "RMSNorm has no compressed implementation (saved as in PyTorch)")
+            summary.skipped.append((name, cls.__name__, reason))
+
+    if config.attention:
+        summary.attention = _patch_attention(model, config, summary)
+    setattr(model, MODEL_STATE, {"config": config, "summary": summary})
+    return model, summary
+
+
+def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary) -> str | None:
+    hf_config = getattr(model, "config", None)
+    current = getattr(hf_config, "_attn_implementation", None)
+    if current not in hf_attention.IMPLEMENTATIONS:
+        summary.skipped.append(("<attention>", type(model).__name__,
+                                f"attention implementation {current!r} is not sdpa/eager (or not a transformers model)"))
+        return None
+    hf_attention.register()
+    options = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
+               "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v}
+    n = 0
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("Attention") and hasattr(module, "config"):
+            setattr(module, hf_attention.ATTENTION_OPTIONS, dict(options))
+            summary.patched.append((name, "attention", f"qkv {config.qkv_bits or 'full'}, P {config.attn_probs}"))
+            n += 1
+    if n == 0:
+        summary.skipped.append(("<attention>", type(model).__name__, "no attention module found"))
+        return None
+    new = hf_attention.IMPLEMENTATIONS[current]
+    _set_attn_implementation(model, new)
+    return new
+
+
+def _set_attn_implementation(model: nn.Module, name: str) -> None:
+    # Every (sub)config in the model: encoder-decoder and vision-text models nest them.
+    for module in model.modules():
+        cfg = getattr(module, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            if hasattr(cfg, "_attn_implementation_internal"):
+                cfg._attn_implementation_internal = name
+            else:
+                cfg._attn_implementation = name
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Restore every patched module's class and the attention implementation."""
+    state = getattr(model, MODEL_STATE, None)
+    if state is None:
+        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
+        return model
+    for module in model.modules():
+        original = getattr(module, ORIGINAL_CLASS, None)
+        if original is not None:
+            module.__class__ = original
+            delattr(module, ORIGINAL_CLASS)
+            delattr(module, OPTIONS)
+        if hasattr(module, hf_attention.ATTENTION_OPTIONS):
+            delattr(module, hf_attention.ATTENTION_OPTIONS)
+    if state["summary"].attention:
+        reverse = {v: k for k, v in hf_attention.IMPLEMENTATIONS.items()}
+        _set_attn_implementation(model, reverse[state["summary"].attention])
+    delattr(model, MODEL_STATE)
+    return model
+
+
+__all__ = ["patch", "unpatch", "PatchSummary"]

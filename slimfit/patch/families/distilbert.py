@@ -1,0 +1,9 @@
+"""DistilBERT: TransformerBlock.ffn = lin1 -> GELU -> lin2."""
+from . import Family
+
+FAMILY = Family(
+    name="distilbert",
+    model_types=("distilbert",),
+    ffn_out_suffixes=(".ffn.lin2",),
+    notes=("attention through the transformers attention registry",),
+)

@@ -1,0 +1,9 @@
+"""GPT-2: Conv1D layers (x @ W + b) routed through slimfit's linear; gelu_new (tanh) activation."""
+from . import Family
+
+FAMILY = Family(
+    name="gpt2",
+    model_types=("gpt2",),
+    ffn_out_suffixes=(".mlp.c_proj",),
+    notes=("Conv1D weights are (in, out): the linear sees W.t()",),
+)

@@ -1,0 +1,99 @@
+"""Forward mixins that patching swaps in by assigning `module.__class__`.
+
+`patched_class(original, mixin)` builds (once) a subclass of the module's own class with
+the mixin's forward first in the MRO, so parameters, buffers, state_dict keys and
+isinstance checks stay as they were; unpatching assigns the original class back.
+Per-module options live in the instance attribute `_slimfit` (a dict). When no
+gradient is needed (eval, torch.no_grad) the original forward runs, so inference outputs
+are bit-identical to the unpatched model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import autograd as sf
+
+ORIGINAL_CLASS = "_slimfit_original_class"
+OPTIONS = "_slimfit"
+
+
+_CLASSES: dict = {}
+
+
+def patched_class(original: type, mixin: type) -> type:
+    """The subclass `SlimFit<Original>` of `original` with `mixin`'s forward; cached and
+    published in this module so that pickling a patched module finds it by name."""
+    key = (original, mixin)
+    if key not in _CLASSES:
+        name = f"SlimFit{original.__name__}"
+        cls = type(name, (mixin, original), {"__module__": __name__, "__qualname__": name})
+        _CLASSES[key] = cls
+        globals().setdefault(name, cls)
+    return _CLASSES[key]
+
+
+def _needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+def _original_forward(module: nn.Module, *args):
+    return getattr(module, ORIGINAL_CLASS).forward(module, *args)
+
+
+class LinearMixin:
+    """Frozen weight: saves nothing, no weight-gradient GEMM. Trainable: saves the input
+    in full or quantized (options['input_bits'])."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        return sf.linear(x, self.weight, self.bias, input_bits=o["input_bits"], group_size=o["group_size"],
+                         stochastic=o["stochastic"])
+
+
+class Conv1DMixin:
+    """GPT-2's Conv1D (y = x @ W + b, W of shape (in, out)) through slimfit's linear."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        return sf.linear(x, self.weight.t(), self.bias, input_bits=o["input_bits"], group_size=o["group_size"],
+                         stochastic=o["stochastic"])
+
+
+class GELUMixin:
+    """Saves the GELU input quantized; backward uses the exact derivative at the dequantized input."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        return sf.gelu(x, bits=o["bits"], approximate=o["approximate"], group_size=o["group_size"],
+                       stochastic=o["stochastic"])
+
+
+class LayerNormMixin:
+    """Saves x̂ and rstd only; x̂ compressed by what the weight's requires_grad selects."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        trainable = self.weight is not None and self.weight.requires_grad
+        save = o["save"] if trainable else o["save_frozen"]
+        return sf.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
+                             keep_ratio=o["keep_ratio"], group_size=o["group_size"])
+
+
+class DropoutMixin:
+    """Dropout whose mask is regenerated from a seed (0 bytes) or saved at 1 bit per element."""
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0 or not _needs_grad(self, x):
+            return _original_forward(self, x)
+        return sf.dropout(x, self.p, True, mode=getattr(self, OPTIONS)["mode"])

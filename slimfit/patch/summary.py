@@ -1,0 +1,25 @@
+"""What a patch did: which modules were patched with which mode, which were left alone and why."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PatchSummary:
+    family: str
+    patched: list = field(default_factory=list)  # (module name, kind, mode)
+    skipped: list = field(default_factory=list)  # (module name, class name, reason)
+    attention: str | None = None  # attention implementation set on the model, if any
+
+    def counts(self) -> dict:
+        return dict(Counter(f"{kind}[{mode}]" for _, kind, mode in self.patched))
+
+    def __str__(self) -> str:
+        lines = [f"slimfit patch (family: {self.family}); attention: {self.attention or 'left alone'}"]
+        for key, n in sorted(self.counts().items()):
+            lines.append(f"  patched {n:4d} x {key}")
+        reasons = Counter((cls, reason) for _, cls, reason in self.skipped)
+        for (cls, reason), n in sorted(reasons.items()):
+            lines.append(f"  left    {n:4d} x {cls}: {reason}")
+        return "\n".join(lines)
