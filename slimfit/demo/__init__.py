@@ -1,0 +1,1 @@
+"""`slimfit demo`: fine-tune a real pretrained model on real data, plainly and with slimfit."""

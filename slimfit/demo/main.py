@@ -1,0 +1,70 @@
+"""`slimfit demo`: the same fine-tuning run twice, plain and with slimfit, side by side."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .assets import MissingAsset, load_data, resolve_model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="minilm", help="'minilm' (offline all-MiniLM-L6-v2) or a hub id / local path")
+    p.add_argument("--data", default="rotten_tomatoes", help="'rotten_tomatoes' (offline) or 'hf:NAME' (datasets)")
+    p.add_argument("--preset", default="paper", choices=["exact", "paper", "aggressive"])
+    p.add_argument("--rate", type=float, default=0.9, help="freezing rate of the scheduler, in [0, 1)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--n-train", type=int, default=8000)
+    p.add_argument("--n-test", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch run")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _mib(n):
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def render(results) -> str:
+    rows = [("", [r.name for r in results]),
+            ("test accuracy", [f"{100 * r.accuracy:.2f} %" for r in results]),
+            ("saved activations / step", [_mib(r.saved_bytes) for r in results]),
+            ("peak GPU memory", [_mib(r.peak_bytes) for r in results]),
+            ("step time (median)", [f"{r.step_ms:.0f} ms" for r in results]),
+            ("layers frozen (mean)", [f"{100 * r.frozen_share:.0f} %" for r in results]),
+            ("loss first -> last 10", [f"{sum(r.losses[:10]) / 10:.3f} -> {sum(r.losses[-10:]) / 10:.3f}" for r in results])]
+    if len(results) == 2 and results[0].saved_bytes and results[1].saved_bytes:
+        rows.append(("activation memory ratio", ["1.0x", f"{results[0].saved_bytes / results[1].saved_bytes:.1f}x less"]))
+    width = max(len(k) for k, _ in rows)
+    colw = max(len(c) for _, cells in rows for c in cells) + 2
+    return "\n".join(f"{k:<{width}}  " + "".join(f"{c:>{colw}}" for c in cells) for k, cells in rows)
+
+
+def run(args) -> int:
+    import torch
+
+    from .finetune import finetune
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model_dir = resolve_model(args.model)
+        train, test = load_data(args.data, args.seed, args.n_train, args.n_test)
+    except MissingAsset as exc:
+        print(f"slimfit demo: {exc}", file=sys.stderr)
+        return 2
+    print(f"slimfit demo: {args.model} on {args.data} ({len(train)} train / {len(test)} test), "
+          f"{args.steps} steps of batch {args.batch_size}, seq <= {args.max_length}, device {device}, seed {args.seed}")
+    common = dict(rate=args.rate, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                  max_length=args.max_length, device=device, progress=not args.no_progress)
+    results = []
+    if not args.no_plain:
+        results.append(finetune(model_dir, train, test, preset=None, **common))
+        print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
+    results.append(finetune(model_dir, train, test, preset=args.preset, **common))
+    print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
+    print()
+    print(render(results))
+    return 0
