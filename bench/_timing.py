@@ -1,0 +1,190 @@
+"""Timing helpers shared by the scripts in bench/: the median of many runs, plus a
+description of the machine for result headers.
+
+    t = bench(fn, torch.device("cuda"))      # Timing(ms=median, reps=..., method=...)
+
+CUDA: `triton.testing.do_bench` (median; it flushes the L2 cache before every run) when
+triton is importable, else CUDA events around each run, also with an L2 flush.
+CPU: `time.perf_counter` around each run after warm-up, repeated until both a minimum
+count and a minimum total time are reached; no cache flush (sizes above the last-level
+cache make that moot). `Settings(cpu_clock="process")` times with `time.process_time`
+instead: the CPU time of the whole process, which a busy shared machine does not inflate
+(a run that is descheduled halfway does not count the wait) but which sums all threads,
+so it means "time" only with torch.set_num_threads(1).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    ms: float       # median of `reps` runs, milliseconds
+    reps: int       # runs that the median is taken over (do_bench: as it chose)
+    method: str     # "do_bench", "cuda-events", "perf_counter" or "process_time"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long to measure. `quick()` is for smoke tests, not for numbers."""
+    cpu_warmup: int = 1          # calls before timing (0 when the caller already warmed up)
+    cpu_min_reps: int = 5
+    cpu_min_time_s: float = 0.5  # keep repeating until this much time was measured...
+    cpu_max_reps: int = 200      # ...but never more runs than this,
+    cpu_max_time_s: float = 5.0  # and slow calls stop after this much time once they
+    cpu_slow_min_reps: int = 3   # have this many runs (a 2 s reference op: 3 runs, not 5)
+    cpu_clock: str = "wall"      # "wall" (time.perf_counter) or "process" (time.process_time)
+    cuda_warmup_ms: float = 25.0  # do_bench's `warmup` and `rep` (milliseconds of runs)
+    cuda_rep_ms: float = 100.0
+
+    @classmethod
+    def quick(cls) -> "Settings":
+        return cls(cpu_warmup=1, cpu_min_reps=2, cpu_min_time_s=0.0, cpu_max_reps=3,
+                   cpu_max_time_s=0.5, cpu_slow_min_reps=2, cuda_warmup_ms=2.0, cuda_rep_ms=10.0)
+
+
+DEFAULT = Settings()
+
+_L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2
+
+
+def _have_triton() -> bool:
+    try:
+        import triton.testing  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def bench(fn: Callable[[], object], device, settings: Settings = DEFAULT,
+          use_triton: bool | None = None) -> Timing:
+    """Median wall time of fn() on `device` (a torch.device or str)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if use_triton is None:
+            use_triton = _have_triton()
+        if use_triton:
+            return _bench_do_bench(fn, settings)
+        return _bench_cuda_events(fn, device, settings)
+    if device.type == "cpu":
+        return _bench_cpu(fn, settings)
+    raise ValueError(f"bench: unsupported device {device}")
+
+
+def _bench_do_bench(fn, settings: Settings) -> Timing:
+    import triton.testing
+
+    kwargs = dict(warmup=settings.cuda_warmup_ms, rep=settings.cuda_rep_ms)
+    try:
+        ms = triton.testing.do_bench(fn, return_mode="median", **kwargs)
+    except TypeError:  # a triton without return_mode
+        ms = triton.testing.do_bench(fn, quantiles=[0.5], **kwargs)
+        if isinstance(ms, (list, tuple)):
+            ms = ms[0]
+    return Timing(float(ms), 0, "do_bench")
+
+
+def _bench_cuda_events(fn, device, settings: Settings) -> Timing:
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    fn()
+    torch.cuda.synchronize(device)
+    # Estimate one run to turn the millisecond budgets into counts, as do_bench does.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    est = max(start.elapsed_time(end) / 3, 1e-3)
+    n_warm = max(1, int(settings.cuda_warmup_ms / est))
+    n_rep = max(5, int(settings.cuda_rep_ms / est))
+    for _ in range(n_warm):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return Timing(statistics.median(times), n_rep, "cuda-events")
+
+
+CPU_CLOCKS = {"wall": (time.perf_counter, "perf_counter"), "process": (time.process_time, "process_time")}
+
+
+def _bench_cpu(fn, settings: Settings) -> Timing:
+    clock, method = CPU_CLOCKS[settings.cpu_clock]
+    for _ in range(settings.cpu_warmup):
+        fn()
+    times: list[float] = []
+    total = 0.0
+    while len(times) < settings.cpu_max_reps and (
+        len(times) < settings.cpu_min_reps or total < settings.cpu_min_time_s
+    ):
+        if len(times) >= settings.cpu_slow_min_reps and total >= settings.cpu_max_time_s:
+            break
+        t0 = clock()
+        fn()
+        dt = clock() - t0
+        times.append(dt)
+        total += dt
+    return Timing(statistics.median(times) * 1e3, len(times), method)
+
+
+# ------------------------------------------------------------------ machine description
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device) -> str:
+    """GPU name for CUDA devices; CPU model and torch's thread count for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    n = torch.get_num_threads()
+    return f"{cpu_model()} ({n} thread{'s' if n != 1 else ''})"
+
+
+def versions() -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = "none"
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda or "none",
+        "python": platform.python_version(),
+    }
+
+
+def load_average() -> float | None:
+    """1-minute load average (None where the OS has none): CPU numbers on a shared
+    machine mean little when it is far above the core count."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
