@@ -71,8 +71,8 @@ def test_lora_exact_gradients_and_aggressive_memory():
     peft = pytest.importorskip("peft")
     model, inputs = build("bert")
     cfg = peft.LoraConfig(r=4, target_modules=["query", "value"], lora_dropout=0.0)
-    plain = peft.get_peft_model(copy.deepcopy(model), cfg)
-    lora = peft.get_peft_model(copy.deepcopy(model), cfg)
+    plain = peft.get_peft_model(model, cfg)
+    lora = copy.deepcopy(plain)  # same adapter initialisation
     _, summary = slimfit.patch(lora, SlimFitConfig.exact())
     assert any(name.endswith("base_layer") for name, kind, _ in summary.patched if kind == "linear")
     plain.eval(), lora.eval()
@@ -87,7 +87,7 @@ def test_lora_exact_gradients_and_aggressive_memory():
         if p.requires_grad:
             assert torch.equal(p.grad, q.grad), n
     # compressing what the adapters and the frozen network keep is where LoRA users save
-    squeezed = peft.get_peft_model(copy.deepcopy(model), cfg)
+    squeezed = copy.deepcopy(plain)
     slimfit.patch(squeezed, SlimFitConfig.aggressive())
     squeezed.eval()
     assert memory.measure(squeezed, **inputs).total < 0.6 * m_plain.total

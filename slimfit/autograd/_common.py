@@ -1,0 +1,189 @@
+"""Helpers shared by the autograd functions of slimfit.
+
+* Saving compressed activations: `save(ctx, *items)` takes tensors, `QuantizedTensor`s,
+  `PrunedTensor`s and `None`s, hands every tensor to `ctx.save_for_backward` (so saved-tensor
+  hooks, checkpointing and torch.compile see them) and keeps only static metadata (shapes,
+  dtypes, bits, group size, row length) on ctx. `load(ctx)` rebuilds the same list in backward.
+* Mixed precision: the functions decide the compute dtype themselves (`autocast_dtype`), cast
+  inside forward, and run forward and backward with autocast disabled (`no_autocast`), so the
+  output dtype is what PyTorch gives for the same op and a backward called inside an autocast
+  region does not re-cast the gradient math.
+* Argument checks whose errors name the problem (`check_float`, `check_bits`, ...).
+* Double backward: every backward is wrapped in `backward_once(op)`; a backward run with
+  `create_graph=True` raises an error naming the op instead of silently giving a wrong second
+  derivative (the backward uses compressed activations and is not itself differentiable).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterable
+
+import torch
+from torch.autograd.function import once_differentiable  # re-exported (attention.py uses it)
+
+from ..kernels.api import PrunedTensor, QuantizedTensor, dequantize, quantize, topk_prune, topk_restore
+from ..kernels.validation import FLOAT_DTYPES, SUPPORTED_GROUP_SIZES
+
+__all__ = [
+    "backward_once", "once_differentiable", "save", "load", "restore", "compress_quantize",
+    "compress_topk", "autocast_dtype", "no_autocast",
+    "check_float", "check_bits", "check_group_size", "check_same_dtype", "QUANT_BITS",
+]
+
+QUANT_BITS = (2, 4, 8)
+
+_NONE, _TENSOR, _QUANT, _PRUNED = 0, 1, 2, 3
+
+
+def save(ctx, *items) -> None:
+    """Save tensors / QuantizedTensor / PrunedTensor / None through ctx.save_for_backward."""
+    flat: list[torch.Tensor] = []
+    layout: list[tuple] = []
+    for item in items:
+        if item is None:
+            layout.append((_NONE,))
+        elif isinstance(item, QuantizedTensor):
+            layout.append((_QUANT, item.meta()))
+            flat.extend(item.tensors())
+        elif isinstance(item, PrunedTensor):
+            layout.append((_PRUNED, item.row_length))
+            flat.extend((item.values, item.indices))
+        elif isinstance(item, torch.Tensor):
+            layout.append((_TENSOR,))
+            flat.append(item)
+        else:
+            raise TypeError(f"slimfit: cannot save {type(item).__name__} for backward")
+    ctx.save_for_backward(*flat)
+    ctx.slimfit_layout = tuple(layout)
+
+
+def load(ctx) -> list:
+    """The items given to `save`, in order (compressed ones still compressed)."""
+    flat = list(ctx.saved_tensors)
+    out: list = []
+    pos = 0
+    for entry in ctx.slimfit_layout:
+        kind = entry[0]
+        if kind == _NONE:
+            out.append(None)
+        elif kind == _TENSOR:
+            out.append(flat[pos])
+            pos += 1
+        elif kind == _QUANT:
+            out.append(QuantizedTensor.from_parts(flat[pos:pos + 3], entry[1]))
+            pos += 3
+        else:
+            out.append(PrunedTensor(flat[pos], flat[pos + 1], entry[1]))
+            pos += 2
+    return out
+
+
+def _check_finite() -> bool:
+    # The NaN/Inf check of the kernels' wrappers reads a value on the host (.item()), which
+    # torch.compile cannot trace; eager runs keep it, compiled regions skip it.
+    return not torch.compiler.is_compiling()
+
+
+def compress_quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool) -> QuantizedTensor:
+    """`kernels.quantize` for saving an activation (seed drawn from torch's generator)."""
+    return quantize(x, bits, group_size, stochastic, check_finite=_check_finite())
+
+
+def compress_topk(x: torch.Tensor, k: int) -> PrunedTensor:
+    """`kernels.topk_prune` by magnitude, k entries per row of the last dimension."""
+    return topk_prune(x, k=k, check_finite=_check_finite())
+
+
+def restore(item, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """Dense tensor from a saved item (dequantized / scattered back), optionally cast."""
+    if item is None:
+        return None
+    if isinstance(item, QuantizedTensor):
+        return dequantize(item, dtype)
+    if isinstance(item, PrunedTensor):
+        dense = topk_restore(item)
+    else:
+        dense = item
+    return dense if dtype is None else dense.to(dtype)
+
+
+def backward_once(op: str):
+    """Decorator for Function.backward: refuse double backward with an error naming the op."""
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"slimfit.{op}: double backward is not supported (backward was called with "
+                    "create_graph=True); its backward uses compressed saved activations and is not "
+                    "itself differentiable. Use the PyTorch op for higher-order gradients."
+                )
+            return backward(ctx, *grads)
+
+        return wrapper
+
+    return decorate
+
+
+# ---------------------------------------------------------------- mixed precision
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype active for this device type, or None when autocast is off."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+    except RuntimeError:  # a device type autocast does not know
+        return None
+    return None
+
+
+def no_autocast(device_type: str):
+    """Context that disables autocast for the device type (a no-op where it is not on)."""
+    if autocast_dtype(device_type) is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+# ---------------------------------------------------------------- checks
+def check_float(op: str, name: str, t: torch.Tensor | None) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"slimfit.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"slimfit.{op}: unsupported dtype {t.dtype} for {name}; use float32, float16 or "
+            "bfloat16 (float64 and integer tensors are not supported)"
+        )
+
+
+def check_bits(op: str, name: str, bits, allowed: Iterable = QUANT_BITS, allow_none: bool = False) -> None:
+    if bits is None and allow_none:
+        return
+    allowed = tuple(allowed)
+    if isinstance(bits, bool) or bits not in allowed:
+        extra = " or None (no compression)" if allow_none else ""
+        raise ValueError(f"slimfit.{op}: {name} must be one of {allowed}{extra}, got {bits!r}")
+
+
+def check_group_size(op: str, group_size) -> None:
+    if group_size not in SUPPORTED_GROUP_SIZES:
+        raise ValueError(
+            f"slimfit.{op}: group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size!r}"
+        )
+
+
+def check_same_dtype(op: str, **tensors) -> None:
+    """Without autocast, PyTorch's matmul-like ops refuse mixed dtypes; so do we, by name."""
+    named = [(k, v.dtype) for k, v in tensors.items() if v is not None]
+    if len({d for _, d in named}) > 1:
+        desc = ", ".join(f"{k}={d}" for k, d in named)
+        raise TypeError(
+            f"slimfit.{op}: mismatched dtypes ({desc}); cast them to one dtype or run under "
+            "torch.autocast"
+        )
+
+
+def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)

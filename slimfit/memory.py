@@ -1,0 +1,255 @@
+"""Saved-activation accounting: how many bytes autograd keeps for backward, and who saved them.
+
+    run = measure(model, batch)                # one forward (+ backward) under saved-tensor hooks
+    run.total, run.per_module["encoder.0.ffn"]
+    print(report(run, baseline=plain_run))     # table: module, bytes, share, vs baseline
+
+Every tensor autograd saves goes through `torch.autograd.graph.saved_tensors_hooks`; the pack
+hook attributes it to the innermost module running at that moment (forward pre/post hooks keep
+a stack of module paths). Rules:
+  * memory is counted per storage: a storage saved several times (the same tensor saved twice,
+    views of one tensor) counts once, at its full size, for the module that saved it first;
+  * parameters and buffers (of the measured module, of modules and nn.Parameters passed as
+    arguments or reached through a plain function's closure / globals, and of anything given in
+    `exclude=`) are not activations and are not counted (reported separately as `excluded`);
+  * Python values kept on ctx (seeds, shapes) are not tensors and cost nothing here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["SavedMemory", "measure", "report", "saved_bytes"]
+
+ROOT = "(root)"
+
+
+@dataclasses.dataclass
+class SavedMemory:
+    """Bytes saved for backward during one forward."""
+
+    total: int = 0
+    per_module: dict[str, int] = dataclasses.field(default_factory=dict)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)  # distinct storages per module
+    excluded: int = 0       # parameter / buffer bytes the hooks saw and did not count
+    name: str = ""
+
+    def __getitem__(self, module_path: str) -> int:
+        return self.per_module.get(module_path, 0)
+
+    def __str__(self) -> str:
+        return report(self)
+
+
+def _storage_key_and_bytes(t: torch.Tensor) -> tuple[Any, int]:
+    try:
+        st = t.untyped_storage()
+        return (t.device.type, t.device.index, st.data_ptr()), int(st.nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, exotic subclasses
+        return ("id", id(t)), t.numel() * t.element_size()
+
+
+def _walk(obj, depth: int = 0):
+    """Tensors and modules inside (nested) containers."""
+    if depth > 4:
+        return
+    if isinstance(obj, (torch.Tensor, nn.Module)):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _walk(v, depth + 1)
+
+
+def _referenced_objects(fn) -> list:
+    """Modules / parameters a plain callable reaches through its closure or named globals
+    (so `measure(lambda x: model(x), x)` does not count model's weights as activations)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # empty cell
+            pass
+    glb = getattr(fn, "__globals__", {}) or {}
+    found += [glb[n] for n in code.co_names if n in glb]
+    return [o for o in _walk(tuple(found)) if isinstance(o, (nn.Module, nn.Parameter))]
+
+
+def _owned_tensors(objs) -> Iterable[torch.Tensor]:
+    for obj in objs:
+        if isinstance(obj, nn.Module):
+            yield from obj.parameters()
+            yield from obj.buffers()
+        elif isinstance(obj, nn.Parameter):
+            yield obj
+
+
+def _find_loss(out) -> torch.Tensor | None:
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    if isinstance(out, torch.Tensor):
+        items = [out]
+    elif isinstance(out, dict) or (hasattr(out, "values") and callable(out.values)):
+        items = list(out.values())
+    elif isinstance(out, (list, tuple)):
+        items = list(out)
+    else:
+        items = [out]
+    terms = []
+    for item in items:
+        for t in _walk(item):
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+                terms.append(t.float().sum())
+    if not terms:
+        return None
+    return torch.stack(terms).sum()
+
+
+def measure(
+    fn_or_module: Callable,
+    *args,
+    backward: bool = True,
+    loss_fn: Callable | None = None,
+    exclude: Iterable = (),
+    **kwargs,
+) -> SavedMemory:
+    """Run `fn_or_module(*args, **kwargs)` once and count the bytes autograd saves for backward.
+
+    backward: also run backward (of `loss_fn(output)` if given, else of `output.loss` when the
+        output has one, else of the sum of every floating output that requires grad), which
+        checks the graph is usable and frees it.
+    exclude: extra modules / tensors whose storages are not activations. Parameters of the
+        measured module, of modules / nn.Parameters among the arguments, and of those a plain
+        function reaches through its closure or globals are excluded automatically.
+    The keyword names `backward`, `loss_fn` and `exclude` are reserved; other keyword
+    arguments go to the callable.
+    """
+    root = fn_or_module if isinstance(fn_or_module, nn.Module) else getattr(fn_or_module, "__self__", None)
+    if not isinstance(root, nn.Module):
+        root = None
+
+    owners = [root] if root is not None else []
+    owners += [o for o in _walk((args, kwargs)) if isinstance(o, (nn.Module, nn.Parameter))]
+    owners += _referenced_objects(fn_or_module)
+    owners += list(_walk(tuple(exclude)))
+    param_keys = set()
+    for t in _owned_tensors(owners):
+        param_keys.add(_storage_key_and_bytes(t)[0])
+    for t in _walk(tuple(exclude)):
+        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+            param_keys.add(_storage_key_and_bytes(t)[0])
+
+    result = SavedMemory(name=getattr(fn_or_module, "__name__", type(fn_or_module).__name__))
+    stack = [ROOT]
+    seen: dict[Any, int] = {}
+    excluded_seen: set = set()
+    keep_alive: list[torch.Tensor] = []  # so a freed storage's address cannot be reused mid-run
+
+    def pack(t: torch.Tensor):
+        key, nbytes = _storage_key_and_bytes(t)
+        if key in param_keys:
+            if key not in excluded_seen:
+                excluded_seen.add(key)
+                result.excluded += nbytes
+            return t
+        if key not in seen:
+            seen[key] = nbytes
+            path = stack[-1]
+            result.per_module[path] = result.per_module.get(path, 0) + nbytes
+            result.counts[path] = result.counts.get(path, 0) + 1
+            result.total += nbytes
+            keep_alive.append(t)
+        return t
+
+    def unpack(t):
+        return t
+
+    handles = []
+    if root is not None:
+        for name, mod in root.named_modules():
+            path = name or ROOT
+
+            def pre(_m, _a, path=path):
+                stack.append(path)
+
+            def post(_m, _a, _o):
+                if len(stack) > 1:
+                    stack.pop()
+
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post, always_call=True))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = fn_or_module(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if backward:
+        loss = loss_fn(out) if loss_fn is not None else _find_loss(out)
+        if loss is not None and loss.requires_grad:
+            loss.backward()
+    del out
+    keep_alive.clear()
+    return result
+
+
+def saved_bytes(fn: Callable, *args, **kwargs) -> int:
+    """Total bytes autograd saves for backward in one forward of fn(*args, **kwargs)."""
+    return measure(fn, *args, backward=False, **kwargs).total
+
+
+def _fmt(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def report(run: SavedMemory, baseline: SavedMemory | None = None) -> str:
+    """A text table: module, bytes saved, share of the total, and (with a baseline) the
+    baseline's bytes and the reduction factor baseline / run."""
+    names = list(baseline.per_module) if baseline is not None else []
+    names += [n for n in run.per_module if n not in names]
+    header = ["module", "saved", "share"]
+    if baseline is not None:
+        header += ["baseline", "reduction"]
+    rows = []
+
+    def ratio(b: int, r: int) -> str:
+        if r == 0:
+            return "-" if b == 0 else "inf"
+        return f"{b / r:.2f}x"
+
+    for name in names:
+        b = run.per_module.get(name, 0)
+        row = [name, _fmt(b), f"{100.0 * b / run.total:.1f}%" if run.total else "-"]
+        if baseline is not None:
+            bb = baseline.per_module.get(name, 0)
+            row += [_fmt(bb), ratio(bb, b)]
+        rows.append(row)
+    total = ["total", _fmt(run.total), "100.0%" if run.total else "-"]
+    if baseline is not None:
+        total += [_fmt(baseline.total), ratio(baseline.total, run.total)]
+    widths = [max(len(str(r[i])) for r in [header, total] + rows) for i in range(len(header))]
+
+    def line(cells):
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "  ".join([first] + rest)
+
+    sep = "  ".join("-" * w for w in widths)
+    out = [line(header), sep] + [line(r) for r in rows] + [sep, line(total)]
+    if run.excluded or (baseline is not None and baseline.excluded):
+        out.append(f"(parameters and buffers not counted: {_fmt(run.excluded)})")
+    return "\n".join(out)
