@@ -1,0 +1,141 @@
+"""Cost of ILSScheduler.step() relative to a BERT-base training step.
+
+    python bench/scheduler_overhead.py                 # CPU (or --device cuda)
+    python bench/scheduler_overhead.py --batch 8 --steps 5
+
+Model: BertModel built from BertConfig() (12 layers, hidden 768, 12 heads, FFN 3072; random
+weights, no download), sequence 128, AdamW(weight_decay=0.01), fp32. One iteration =
+forward + backward + optimizer.step() + zero_grad(); then scheduler.step() is timed on its
+own. Both medians are taken over the same interleaved iterations (the scheduler's frozen
+set also makes the training step cheaper, so the ratio is taken per configuration).
+``sched_isolated_ms`` is the median of many back-to-back scheduler.step() calls without
+training in between (weights do not change, scores tie at 0 and ties go to the first layers,
+the 23M-entry word embedding among them: a pessimistic figure).
+
+Target on a GPU: scheduler.step() <= 2% of a training step. Prints a table and writes
+bench/results/scheduler_overhead_<device>.csv (device name and versions in every row).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from _timing import Settings, bench, device_name, now, versions  # noqa: E402
+
+from slimfit.scheduler import ILSScheduler  # noqa: E402
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(device, layers, hidden):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=max(1, hidden // 64),
+                     intermediate_size=4 * hidden, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    model = BertModel(cfg).to(device).train()
+    return model, cfg
+
+
+def run_config(device, rate, score, args):
+    model, cfg = build(device, args.layers, args.hidden)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt)
+
+    def train_step():
+        out = model(input_ids=ids, attention_mask=mask)
+        loss = out.last_hidden_state.float().pow(2).mean() + out.pooler_output.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_ms, sched_ms = [], []
+    for it in range(args.warmup + args.steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        train_step()
+        _sync(device)
+        t1 = time.perf_counter()
+        sched.step()
+        _sync(device)
+        t2 = time.perf_counter()
+        if it >= args.warmup:
+            train_ms.append((t1 - t0) * 1e3)
+            sched_ms.append((t2 - t1) * 1e3)
+    n_trained = sched.num_layers - sched.num_frozen
+    # back-to-back scheduler steps (no optimizer in between: detach the hook's skip logic)
+    sched._guard.remove()
+    sched._guard = None
+    settings = Settings(cpu_warmup=1, cpu_min_reps=5, cpu_min_time_s=0.5, cpu_max_reps=50)
+    iso = bench(sched.step, device, settings, use_triton=False)
+    t_train = statistics.median(train_ms)
+    t_sched = statistics.median(sched_ms)
+    return {
+        "layers": sched.num_layers, "n_trained": n_trained, "train_step_ms": t_train,
+        "sched_step_ms": t_sched, "sched_isolated_ms": iso.ms, "ratio_pct": 100.0 * t_sched / t_train,
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, default=None, help="default: 32 on cuda, 2 on cpu")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--steps", type=int, default=None, help="timed iterations per config (cuda 20, cpu 3)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rates", default="0.0,0.5,0.9")
+    p.add_argument("--scores", default="relative,robust")
+    p.add_argument("--out", default=None, help="CSV path (default bench/results/scheduler_overhead_<device>.csv)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if args.batch is None:
+        args.batch = 32 if device.type == "cuda" else 2
+    if args.steps is None:
+        args.steps = 20 if device.type == "cuda" else 3
+    out = args.out or os.path.join(HERE, "results", f"scheduler_overhead_{device.type}.csv")
+
+    ver = versions()
+    dname = device_name(device)
+    print(f"# scheduler overhead: BERT L={args.layers} H={args.hidden} batch={args.batch} seq={args.seq} fp32 "
+          f"AdamW, on {dname}, torch {ver['torch']}, {now()}")
+    hdr = f"{'rate':>5} {'score':>9} {'trained':>9} {'train ms':>10} {'sched ms':>9} {'isolated':>9} {'ratio':>8}"
+    print(hdr)
+    rows = []
+    for rate in [float(r) for r in args.rates.split(",")]:
+        for score in args.scores.split(","):
+            r = run_config(device, rate, score, args)
+            print(f"{rate:>5.2f} {score:>9} {r['n_trained']:>4}/{r['layers']:<4} {r['train_step_ms']:>10.1f} "
+                  f"{r['sched_step_ms']:>9.2f} {r['sched_isolated_ms']:>9.2f} {r['ratio_pct']:>7.2f}%")
+            rows.append({"date": now(), "device": device.type, "device_name": dname, "torch": ver["torch"],
+                         "cuda": ver["cuda"], "model": f"bert-L{args.layers}-H{args.hidden}", "batch": args.batch,
+                         "seq": args.seq, "freeze_rate": rate, "score": score, **{
+                             k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"# wrote {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

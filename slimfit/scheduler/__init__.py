@@ -1,0 +1,31 @@
+"""Which parameters are frozen this step: SlimFit's inter-layer scheduling (ILS).
+
+Pure Python + torch: flips ``param.requires_grad`` and nothing else; it does not import
+slimfit.kernels or slimfit.autograd. See docs/scheduler.md.
+
+    from slimfit.scheduler import ILSScheduler
+    sched = ILSScheduler(model, freeze_rate=0.9, optimizer=opt)
+    ... opt.step(); opt.zero_grad(); sched.step()
+
+Modules: candidates (which parameters are layers), scores (how much they moved),
+selection (which to train next), budget (activation-memory estimates and budgets), optim
+(frozen parameters never move), ddp (same decision on every rank), ils (the scheduler),
+callbacks (transformers.Trainer; imported lazily).
+"""
+from .budget import estimate_activation_bytes, min_rate_for_budget
+from .candidates import find_candidates
+from .ils import ILSScheduler
+from .optim import FrozenGradGuard
+from .scores import compute_scores
+from .selection import num_frozen
+
+__all__ = ["ILSScheduler", "SlimFitCallback", "HFCallback", "find_candidates", "compute_scores",
+           "estimate_activation_bytes", "min_rate_for_budget", "num_frozen", "FrozenGradGuard"]
+
+
+def __getattr__(name):
+    # transformers is optional: load the callback only when asked for.
+    if name in ("SlimFitCallback", "HFCallback"):
+        from .callbacks import SlimFitCallback
+        return SlimFitCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

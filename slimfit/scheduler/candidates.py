@@ -1,0 +1,143 @@
+"""Which parameters are "layers" that the scheduler may freeze.
+
+SlimFit's rule (as its research code runs it): every parameter with more than one
+dimension (Linear / Embedding / Conv weights, position embeddings, class tokens) plus the
+weight of every normalisation layer (LayerNorm, RMSNorm, ... : any module whose class name
+contains ``Norm``). Biases are never candidates, nor any other 1-D parameter.
+
+Parameters that do not require grad when the scheduler is built (for instance the base
+weights of a LoRA model) are left alone: they are not candidates and stay frozen.
+
+Input is a module or an iterable of ``(name, parameter)`` pairs. With pairs there are no
+module classes to look at, so a 1-D ``weight`` counts as a norm weight when its owner's
+name looks like a norm (contains ``norm``, or is ``ln`` / starts with ``ln_``); pass the
+module whenever you can.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Sequence, Union
+
+import torch
+from torch import nn
+
+__all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module"]
+
+NamedParams = Sequence[tuple[str, nn.Parameter]]
+
+_NORM_OWNER = re.compile(r"(norm|^ln$|^ln_|^ln\d)", re.IGNORECASE)
+
+
+def is_norm_module(module: nn.Module) -> bool:
+    """True for LayerNorm, RMSNorm, LlamaRMSNorm, T5LayerNorm, GroupNorm, ..."""
+    return "Norm" in type(module).__name__
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel / DataParallel wrappers (names then match
+    the plain model, so a scheduler state moves between DDP and single-process runs)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
+
+
+def _module_candidates(model: nn.Module, include_frozen: bool) -> list[tuple[str, nn.Parameter]]:
+    out: list[tuple[str, nn.Parameter]] = []
+    seen: set[int] = set()
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        norm = is_norm_module(module)
+        for p_name, p in module.named_parameters(recurse=False):
+            if p is None or id(p) in seen:
+                continue
+            if p.dim() > 1 or (norm and p_name == "weight" and p.dim() == 1):
+                if p.requires_grad or include_frozen:
+                    seen.add(id(p))
+                    out.append((f"{mod_name}.{p_name}" if mod_name else p_name, p))
+    # Keep the model's own parameter order (named_parameters order), which is stable.
+    order = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
+    out.sort(key=lambda np_: order.get(id(np_[1]), len(order)))
+    return out
+
+
+def _looks_like_norm_weight(name: str) -> bool:
+    parts = name.split(".")
+    if len(parts) < 2 or parts[-1] != "weight":
+        return False
+    return bool(_NORM_OWNER.search(parts[-2]))
+
+
+def _pairs(named: Iterable) -> list[tuple[str, nn.Parameter]]:
+    pairs: list[tuple[str, nn.Parameter]] = []
+    names: set[str] = set()
+    ids: set[int] = set()
+    for item in named:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise TypeError(
+                "expected a module or (name, parameter) pairs such as model.named_parameters(); "
+                f"got an element of type {type(item).__name__}. Plain model.parameters() has no "
+                "names: pass model.named_parameters() or the model itself.")
+        name, p = item
+        if name in names:
+            raise ValueError(f"parameter name {name!r} appears twice in the parameter list")
+        names.add(name)
+        if id(p) in ids:  # tied weights under two names: keep the first, like named_parameters
+            continue
+        ids.add(id(p))
+        pairs.append((name, p))
+    return pairs
+
+
+def find_candidates(model_or_named_params: Union[nn.Module, Iterable],
+                    include_frozen: bool = False) -> list[tuple[str, nn.Parameter]]:
+    """The candidate layers as ``[(name, parameter), ...]`` in model order.
+
+    Raises ValueError when there are none (a model without weights, or all frozen).
+    """
+    if isinstance(model_or_named_params, nn.Module):
+        model = unwrap_model(model_or_named_params)
+        out = _module_candidates(model, include_frozen)
+        what = type(model).__name__
+    else:
+        pairs = _pairs(model_or_named_params)
+        out = [(n, p) for n, p in pairs
+               if (p.requires_grad or include_frozen)
+               and (p.dim() > 1 or (p.dim() == 1 and _looks_like_norm_weight(n)))]
+        what = "the parameter list"
+    if not out:
+        raise ValueError(
+            f"no candidate layers in {what}: the scheduler freezes parameters with more than one "
+            "dimension and norm-layer weights that require grad, and found none")
+    return out
+
+
+def resolve_layers(model: nn.Module, layers: Iterable) -> list[tuple[str, nn.Parameter]]:
+    """Check an explicit layer list against ``model``: names (or (name, parameter) pairs)
+    must name parameters of the model, and given parameters must be the model's own."""
+    model = unwrap_model(model)
+    own = dict(model.named_parameters(remove_duplicate=False))
+    out: list[tuple[str, nn.Parameter]] = []
+    seen: set[int] = set()
+    for item in layers:
+        if isinstance(item, str):
+            name, p = item, None
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+            name, p = item
+        else:
+            raise TypeError(f"layers: expected parameter names or (name, parameter) pairs, got {item!r:.80}")
+        if name not in own:
+            raise ValueError(
+                f"layers: {name!r} is not a parameter of {type(model).__name__} "
+                f"(it has {len(own)} parameters, e.g. {list(own)[:3]})")
+        if p is not None and p is not own[name]:
+            raise ValueError(
+                f"layers: the parameter given as {name!r} is not the model's parameter of that name "
+                "(the parameter list does not match the model)")
+        if id(own[name]) in seen:
+            continue
+        seen.add(id(own[name]))
+        out.append((name, own[name]))
+    if not out:
+        raise ValueError("layers: the explicit layer list is empty")
+    return out

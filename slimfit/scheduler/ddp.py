@@ -1,0 +1,157 @@
+"""torch.distributed support: every rank makes the same freezing decision.
+
+Approach: every rank computes the scores of its trained layers (cheap, and the weights are
+identical under DDP), then rank 0's score vector is broadcast to the group — one
+collective per step, on the device the scores were computed on when the backend can take
+it (NCCL: CUDA; gloo: CPU). The selection that follows is a deterministic function of the
+scheduler state, so every rank then freezes exactly the same layers. At construction one
+object all-gather checks that every rank has the same candidate layers and adopts rank 0's
+initial random scores.
+
+DistributedDataParallel needs:
+
+* ``find_unused_parameters=True``: frozen parameters produce no gradient, and the set
+  changes every step. DDP then marks them unused; since every rank freezes the same ones
+  they are *globally* unused, and DDP leaves their ``.grad`` untouched (None).
+* ``static_graph=False`` (the default): a static graph assumes the same set of used
+  parameters every iteration, which ILS changes by design.
+* the DDP wrapper built BEFORE the scheduler (while every candidate still requires grad):
+  DDP only registers the parameters that require grad when it is constructed, and would
+  never synchronise a layer that was frozen at that moment and unfrozen later.
+* ``gradient_as_bucket_view`` may be on or off.
+
+FSDP is not supported. FSDP1 (``FullyShardedDataParallel``) flattens the parameters of a
+wrapped unit into one ``FlatParameter`` whose ``requires_grad`` is all-or-nothing, so single
+layers cannot be frozen step by step; with ``use_orig_params=True`` it still requires a
+uniform ``requires_grad`` per unit at wrap time. FSDP2 (``fully_shard``) shards each
+parameter as a DTensor: the scores would be computed on local shards only and would need
+an all-reduce of partial sums, and its reduce-scatter of changing parameter sets is
+untested here. The scheduler raises NotImplementedError on both instead of training
+wrongly.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["check_parallel_wrappers", "resolve_group", "DistSync"]
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    classes = []
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        classes.append(FullyShardedDataParallel)
+    except Exception:  # torch built without distributed
+        pass
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        classes.append(FSDPModule)
+    except Exception:
+        pass
+    if classes and any(isinstance(m, tuple(classes)) for m in model.modules()):
+        return True
+    return False
+
+
+def _has_sharded_params(params: Sequence[torch.Tensor]) -> bool:
+    for p in params:
+        if type(p).__name__ == "FlatParameter":
+            return True
+        try:
+            from torch.distributed.tensor import DTensor
+        except Exception:
+            return False
+        if isinstance(p, DTensor):
+            return True
+    return False
+
+
+def check_parallel_wrappers(model: Optional[nn.Module], params: Sequence[torch.Tensor]) -> None:
+    """Raise a clear error for settings under which ILS cannot work."""
+    if (model is not None and _is_fsdp(model)) or _has_sharded_params(params):
+        raise NotImplementedError(
+            "slimfit's ILS scheduler does not support FSDP or sharded (FlatParameter/DTensor) parameters: "
+            "FSDP1 flattens a unit's parameters into one FlatParameter with a single requires_grad, so "
+            "layers cannot be frozen one by one, and FSDP2's per-parameter shards would need distributed "
+            "scores. Use DistributedDataParallel(find_unused_parameters=True) instead; see docs/scheduler.md.")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        if getattr(model, "static_graph", False):
+            raise ValueError(
+                "DistributedDataParallel(static_graph=True) assumes the same parameters get gradients every "
+                "iteration, but ILS changes the frozen set every step. Build DDP with static_graph=False and "
+                "find_unused_parameters=True.")
+        if not getattr(model, "find_unused_parameters", True):
+            raise ValueError(
+                "DistributedDataParallel needs find_unused_parameters=True under ILS: frozen layers produce no "
+                "gradient and DDP would wait for them forever. Rebuild it with find_unused_parameters=True "
+                "(HF Trainer: ddp_find_unused_parameters=True).")
+
+
+def resolve_group(distributed: Optional[bool], process_group=None):
+    """(active, group). ``distributed=None``: auto (initialised and world size > 1)."""
+    import torch.distributed as dist
+
+    if distributed is False:
+        return False, None
+    avail = dist.is_available() and dist.is_initialized()
+    if not avail:
+        if distributed:
+            raise RuntimeError("distributed=True but torch.distributed is not initialised")
+        return False, None
+    if dist.get_world_size(process_group) <= 1:
+        return False, None
+    return True, process_group
+
+
+def names_digest(names: Sequence[str], shapes: Sequence[tuple]) -> str:
+    h = hashlib.sha256()
+    for n, s in zip(names, shapes):
+        h.update(n.encode())
+        h.update(repr(tuple(s)).encode())
+    return h.hexdigest()
+
+
+class DistSync:
+    """The collectives of the scheduler under torch.distributed."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.group = group
+        self.backend = str(dist.get_backend(group))
+        self.src = dist.get_global_rank(group, 0) if group is not None else 0
+
+    def init_check(self, digest: str, init_scores: torch.Tensor) -> torch.Tensor:
+        """Same layers on every rank (else raise everywhere), and rank 0's initial scores."""
+        world = self.dist.get_world_size(self.group)
+        gathered: list = [None] * world
+        self.dist.all_gather_object(gathered, (digest, init_scores.tolist()), group=self.group)
+        digests = [g[0] for g in gathered]
+        if len(set(digests)) != 1:
+            bad = [r for r, d in enumerate(digests) if d != digests[0]]
+            raise RuntimeError(
+                f"ILS under torch.distributed: the candidate layers differ between ranks (ranks {bad} differ "
+                "from rank 0); every rank must build the scheduler on the same model")
+        return torch.tensor(gathered[0][1], dtype=torch.float64)
+
+    def _device_ok(self, t: torch.Tensor) -> bool:
+        if t.device.type == "cpu":
+            return "gloo" in self.backend or ":" in self.backend or "mpi" in self.backend
+        # NCCL (and mixed 'cpu:gloo,cuda:nccl') take accelerator tensors; plain gloo: move to CPU
+        return self.backend != "gloo"
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's tensor on every rank (same shape everywhere)."""
+        if not self._device_ok(t):
+            if t.device.type != "cpu":
+                t = t.cpu()
+            elif torch.cuda.is_available():  # NCCL-only group with CPU scores
+                t = t.to(torch.device("cuda", torch.cuda.current_device()))
+        t = t.contiguous()
+        self.dist.broadcast(t, src=self.src, group=self.group)
+        return t

@@ -1,0 +1,404 @@
+"""ILSScheduler: SlimFit's inter-layer scheduling (which layers are frozen each step).
+
+Plain loop::
+
+    sched = ILSScheduler(model, freeze_rate=0.9, optimizer=opt)
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()          # after optimizer.step(): score, then choose next step's frozen set
+
+What ``step()`` does, in order:
+ 1. scores the layers trained in the step that just ended against their snapshot taken at
+    the previous ``step()`` (one batched reduction, one host transfer; see ``scores.py``);
+    frozen layers keep their stale scores;
+ 2. under torch.distributed, rank 0's scores are broadcast (one collective; ``ddp.py``);
+ 3. chooses the next trained set (``selection.py``): never-trained layers first (round
+    robin from seeded random initial scores), then the highest scores; ``round(rate * L)``
+    layers are frozen, or more if a memory budget needs it (``budget.py``);
+ 4. flips ``requires_grad`` (and drops ``.grad`` of newly frozen layers);
+ 5. snapshots the weights of the layers that will train (frozen layers do not move, so
+    only trained layers need a snapshot: (1 - rate) of the weights, not a full copy).
+
+The only contract with the rest of slimfit is ``param.requires_grad``.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from . import budget as _budget
+from .candidates import find_candidates, resolve_layers, unwrap_model
+from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
+from .optim import FrozenGradGuard
+from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
+from .selection import ROUNDINGS, choose_trained, num_frozen, training_order
+
+__all__ = ["ILSScheduler"]
+
+_STATE_VERSION = 1
+# Initial scores: seeded uniform in [INIT_LO, 2 * INIT_LO), far above any real score. The
+# explicit "never trained" flag already puts those layers first; the size mirrors SlimFit.
+INIT_LO = 1e6
+
+
+class ILSScheduler:
+    """Freeze the ``round(freeze_rate * L)`` candidate layers whose weights moved least.
+
+    Args:
+        model_or_named_params: an ``nn.Module`` (a DDP wrapper is fine and checked), or
+            ``(name, parameter)`` pairs such as ``model.named_parameters()``.
+        freeze_rate: fraction of candidate layers frozen each step, in [0, 1). At least
+            one layer always trains. In budget mode, the minimum fraction frozen.
+        score: ``"relative"`` (SlimFit: mean |ΔW / W_old| over entries with W_old != 0)
+            or ``"robust"`` (||ΔW|| / ||W_old||).
+        memory_aware: rank layers by score per activation byte instead of by score, so
+            freezing prefers the layers that save the most memory (needs activation_bytes).
+        activation_bytes: per-layer activation bytes that training the layer costs: a dict
+            ``{name: bytes}`` (missing names cost 0) or a callable ``(name, param) -> bytes``.
+            See ``slimfit.scheduler.estimate_activation_bytes``.
+        budget_bytes: budget mode: keep ``base_bytes + sum(bytes of trained layers)`` at or
+            under this; ValueError at construction when not even one layer fits.
+        min_trained_steps / min_frozen_steps: a layer, once unfrozen/frozen, stays so for at
+            least that many steps (soft: the frozen count and the budget win). Layers never
+            trained are exempt from min_frozen_steps.
+        seed: seeds the initial random scores (the round-robin order).
+
+    Keyword-only:
+        base_bytes: activation bytes no freezing can remove (budget mode).
+        rounding: ``"round"`` (default, round-half-up) or ``"floor"`` (int(), the paper's code).
+        optimizer: attach now (see ``attach_optimizer``).
+        layers: with a module: an explicit list of parameter names or (name, param) pairs to
+            schedule instead of the default candidates; checked against the model.
+        distributed: None = auto (torch.distributed initialised, world size > 1).
+        process_group: the group to agree within (default: the world).
+        chunk_numel: elements per batched score reduction (bounds temporary memory).
+    """
+
+    def __init__(self, model_or_named_params: Union[nn.Module, Iterable], freeze_rate: float = 0.9,
+                 score: str = "relative", memory_aware: bool = False,
+                 activation_bytes: Optional[_budget.ActivationBytes] = None,
+                 budget_bytes: Optional[float] = None, min_trained_steps: int = 0,
+                 min_frozen_steps: int = 0, seed: int = 0, *, base_bytes: float = 0.0,
+                 rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
+                 distributed: Optional[bool] = None, process_group=None,
+                 chunk_numel: int = DEFAULT_CHUNK_NUMEL):
+        # ---- what to schedule
+        if isinstance(model_or_named_params, nn.Module):
+            model = model_or_named_params
+            base = unwrap_model(model)
+            named = resolve_layers(base, layers) if layers is not None else find_candidates(base)
+            check_parallel_wrappers(model, [p for _, p in base.named_parameters()])
+        else:
+            if layers is not None:
+                raise TypeError("layers= is only accepted together with a model")
+            if isinstance(model_or_named_params, (torch.Tensor, str)):
+                raise TypeError("expected a module or (name, parameter) pairs, e.g. model.named_parameters()")
+            named = find_candidates(model_or_named_params)
+            check_parallel_wrappers(None, [p for _, p in named])
+        self.names: list[str] = [n for n, _ in named]
+        self.params: list[nn.Parameter] = [p for _, p in named]
+        L = len(self.params)
+
+        # ---- options (validated)
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+        num_frozen(freeze_rate, L, rounding)  # raises for a rate outside [0, 1)
+        for nm, v in (("min_trained_steps", min_trained_steps), ("min_frozen_steps", min_frozen_steps)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{nm} must be an int >= 0, got {v!r}")
+        if chunk_numel < 1:
+            raise ValueError("chunk_numel must be >= 1")
+        self.freeze_rate = float(freeze_rate)
+        self.score = score
+        self.rounding = rounding
+        self.memory_aware = bool(memory_aware)
+        self.min_trained_steps = min_trained_steps
+        self.min_frozen_steps = min_frozen_steps
+        self.seed = int(seed)
+        self.chunk_numel = int(chunk_numel)
+        self.budget_bytes = None if budget_bytes is None else float(budget_bytes)
+        self.base_bytes = float(base_bytes)
+        self._bytes: Optional[torch.Tensor] = None
+        if activation_bytes is not None:
+            self._bytes = _budget.resolve_activation_bytes(activation_bytes, named)
+        if (self.memory_aware or self.budget_bytes is not None) and self._bytes is None:
+            raise ValueError("memory_aware=True and budget_bytes need activation_bytes (a dict name -> bytes or "
+                             "a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) measures them")
+        if self.budget_bytes is not None:
+            _budget.check_budget(self._bytes, self.budget_bytes, self.base_bytes, self.names)
+
+        # ---- state
+        gen = torch.Generator().manual_seed(self.seed)
+        init = INIT_LO * (1.0 + torch.rand(L, generator=gen, dtype=torch.float64))
+        self._dist: Optional[DistSync] = None
+        active, group = resolve_group(distributed, process_group)
+        if active:
+            self._dist = DistSync(group)
+            init = self._dist.init_check(names_digest(self.names, [tuple(p.shape) for p in self.params]), init)
+        self._scores = init
+        self._seen = torch.zeros(L, dtype=torch.bool)      # has a real score
+        self._trained = torch.zeros(L, dtype=torch.bool)   # current decision: trains this step
+        self._age = torch.zeros(L, dtype=torch.long)       # steps spent in the current state
+        self._zero_flags = [False] * L                    # W_old had zeros: zero-aware relative score
+        self._step = 0
+        self.skipped_steps = 0
+        self._snap: dict[int, torch.Tensor] = {}
+        self._guard: Optional[FrozenGradGuard] = None
+        self._opt_steps_seen = 0
+        self._closed = False
+
+        self._decide(first=True)
+        self._apply()
+        self._snapshot()
+        if optimizer is not None:
+            self.attach_optimizer(optimizer)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def num_layers(self) -> int:
+        return len(self.params)
+
+    @property
+    def num_frozen(self) -> int:
+        return int((~self._trained).sum())
+
+    @property
+    def effective_rate(self) -> float:
+        """Fraction of candidate layers frozen right now (budget mode may exceed freeze_rate)."""
+        return self.num_frozen / self.num_layers
+
+    @property
+    def step_count(self) -> int:
+        return self._step
+
+    def frozen_names(self) -> list[str]:
+        return [n for n, t in zip(self.names, self._trained.tolist()) if not t]
+
+    def trained_names(self) -> list[str]:
+        return [n for n, t in zip(self.names, self._trained.tolist()) if t]
+
+    def layer_scores(self) -> dict[str, float]:
+        """Current score of every layer (stale for frozen ones; initial random for never-trained)."""
+        return dict(zip(self.names, self._scores.tolist()))
+
+    def trained_bytes(self) -> Optional[float]:
+        """Estimated activation bytes of the layers training now (None without estimates)."""
+        if self._bytes is None:
+            return None
+        return float(self._bytes[self._trained].sum())
+
+    def set_freeze_rate(self, rate: float) -> None:
+        """Change the rate; it takes effect at the next ``step()``."""
+        num_frozen(rate, self.num_layers, self.rounding)
+        self.freeze_rate = float(rate)
+
+    def attach_optimizer(self, optimizer) -> FrozenGradGuard:
+        """Hook ``optimizer`` so frozen parameters have ``grad is None`` at every update, and
+        so ``step()`` can skip iterations where the optimizer did not step."""
+        if self._guard is not None:
+            self._guard.remove()
+        self._guard = FrozenGradGuard(optimizer, self._frozen_params)
+        self._opt_steps_seen = self._guard.steps
+        return self._guard
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Call once per optimizer step, after ``optimizer.step()``.
+
+        With an attached optimizer, a call that follows no optimizer step (AMP skipped it on
+        inf/NaN, or ``step()`` was called per micro-batch under gradient accumulation) changes
+        nothing and counts in ``skipped_steps``.
+        """
+        if self._closed:
+            raise RuntimeError("this ILSScheduler was closed")
+        if self._guard is not None:
+            if self._guard.steps == self._opt_steps_seen:
+                self.skipped_steps += 1
+                return
+            self._opt_steps_seen = self._guard.steps
+        idx = self._trained.nonzero().flatten().tolist()
+        if idx:
+            flags = [self._zero_flags[i] for i in idx]
+            # CPU: the scoring pass refreshes the snapshots while the blocks are in cache.
+            # Accelerators: refresh after the decision, only for layers that stay trained.
+            in_pass = all(self.params[i].device.type == "cpu" for i in idx)
+            vals = compute_scores(
+                self.score, [self._snap[i] for i in idx], [self.params[i] for i in idx],
+                chunk_numel=self.chunk_numel,
+                collective=self._dist.broadcast if self._dist is not None else None, zero_flags=flags,
+                refresh=in_pass)
+            for i, f in zip(idx, flags):
+                self._zero_flags[i] = f
+            it = torch.tensor(idx, dtype=torch.long)
+            self._scores[it] = vals
+            self._seen[it] = True
+        else:
+            in_pass = False
+        self._age += 1
+        self._step += 1
+        self._decide(first=False)
+        self._apply()
+        self._snapshot(refresh=not in_pass)
+
+    def state_dict(self, include_snapshots: bool = False) -> dict[str, Any]:
+        """Everything the decisions depend on. Snapshots (weights at the last ``step()``) are
+        left out by default: ``load_state_dict`` retakes them from the model, which is exact
+        when the checkpoint was written after ``step()`` and the model weights are loaded first."""
+        sd = {
+            "version": _STATE_VERSION,
+            "names": list(self.names),
+            "shapes": [tuple(p.shape) for p in self.params],
+            "config": self._config(),
+            "scores": self._scores.clone(),
+            "seen": self._seen.clone(),
+            "trained": self._trained.clone(),
+            "age": self._age.clone(),
+            "zero_flags": list(self._zero_flags),
+            "step": self._step,
+            "skipped_steps": self.skipped_steps,
+        }
+        if include_snapshots:
+            sd["snapshots"] = {self.names[i]: t.detach().cpu().clone() for i, t in self._snap.items()}
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; load the model weights first. Applies the restored
+        frozen set at once."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported ILSScheduler state version {state.get('version')!r}")
+        names = list(state["names"])
+        if names != self.names:
+            mine, theirs = set(self.names), set(names)
+            missing, extra = sorted(mine - theirs), sorted(theirs - mine)
+            detail = (f"missing from the state: {missing[:3]}; not in this model: {extra[:3]}"
+                      if (missing or extra) else "same names in another order")
+            raise ValueError(f"ILSScheduler state does not match this model's candidate layers "
+                             f"({len(names)} in the state, {len(self.names)} here; {detail})")
+        shapes = [tuple(s) for s in state.get("shapes", [])]
+        if shapes and shapes != [tuple(p.shape) for p in self.params]:
+            raise ValueError("ILSScheduler state: same layer names but different shapes")
+        cfg = state.get("config", {})
+        diff = {k: (v, self._config().get(k)) for k, v in cfg.items() if self._config().get(k) != v}
+        if diff:
+            warnings.warn(f"ILSScheduler.load_state_dict: options differ from the saved run {diff}; "
+                          "decisions will follow this scheduler's options", stacklevel=2)
+        L = self.num_layers
+        self._scores = torch.as_tensor(state["scores"], dtype=torch.float64).clone().reshape(L)
+        self._seen = torch.as_tensor(state["seen"], dtype=torch.bool).clone().reshape(L)
+        self._trained = torch.as_tensor(state["trained"], dtype=torch.bool).clone().reshape(L)
+        self._age = torch.as_tensor(state["age"], dtype=torch.long).clone().reshape(L)
+        self._zero_flags = [bool(f) for f in state.get("zero_flags", [False] * L)]
+        self._step = int(state["step"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._apply()
+        self._snap = {}
+        snaps = state.get("snapshots")
+        if snaps:
+            for i in self._trained.nonzero().flatten().tolist():
+                p = self.params[i]
+                self._snap[i] = snaps[self.names[i]].to(device=p.device, dtype=p.dtype).clone()
+        self._snapshot(refresh=not snaps)
+        if self._guard is not None:
+            self._opt_steps_seen = self._guard.steps
+
+    def summary(self, top: int = 5) -> str:
+        L = self.num_layers
+        lines = [
+            f"ILSScheduler: step {self._step}, {self.num_frozen}/{L} layers frozen "
+            f"(rate {self.effective_rate:.3f}, target {self.freeze_rate}), score={self.score}"
+            + (", memory-aware" if self.memory_aware else "")
+            + (f", budget {self.budget_bytes / 2**20:.1f} MiB" if self.budget_bytes is not None else ""),
+            f"  layers with a real score: {int(self._seen.sum())}/{L}; skipped steps: {self.skipped_steps}",
+        ]
+        tb = self.trained_bytes()
+        if tb is not None:
+            total = float(self._bytes.sum())
+            lines.append(f"  est. activation bytes of trained layers: {tb / 2**20:.2f} MiB of {total / 2**20:.2f} MiB")
+        seen = self._seen.nonzero().flatten().tolist()
+        if seen:
+            seen.sort(key=lambda i: float(self._scores[i]))
+            fmt = lambda i: f"{self.names[i]}={float(self._scores[i]):.3g}{'' if self._trained[i] else ' (frozen)'}"
+            lines.append("  lowest:  " + ", ".join(fmt(i) for i in seen[:top]))
+            lines.append("  highest: " + ", ".join(fmt(i) for i in seen[::-1][:top]))
+        lines.append("  training: " + ", ".join(self.trained_names()[: max(top, 8)])
+                     + (" ..." if len(self.trained_names()) > max(top, 8) else ""))
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Unfreeze every layer, remove optimizer hooks, free the snapshots."""
+        for p in self.params:
+            p.requires_grad_(True)
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
+        self._snap = {}
+        self._trained[:] = True
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return (f"ILSScheduler(layers={self.num_layers}, frozen={self.num_frozen}, freeze_rate={self.freeze_rate}, "
+                f"score={self.score!r}, step={self._step})")
+
+    # ------------------------------------------------------------------ internals
+    def _config(self) -> dict[str, Any]:
+        return {"freeze_rate": self.freeze_rate, "score": self.score, "rounding": self.rounding,
+                "memory_aware": self.memory_aware, "budget_bytes": self.budget_bytes,
+                "base_bytes": self.base_bytes, "min_trained_steps": self.min_trained_steps,
+                "min_frozen_steps": self.min_frozen_steps, "seed": self.seed}
+
+    def _frozen_params(self) -> list[nn.Parameter]:
+        return [p for p, t in zip(self.params, self._trained.tolist()) if not t]
+
+    def _decide(self, first: bool) -> None:
+        L = self.num_layers
+        n_train = L - num_frozen(self.freeze_rate, L, self.rounding)
+        order = training_order(self._scores, self._seen, self._bytes, self.memory_aware)
+        must_train: Sequence[bool] = ()
+        must_freeze: Sequence[bool] = ()
+        if not first:
+            if self.min_trained_steps > 0:
+                must_train = (self._trained & (self._age < self.min_trained_steps)).tolist()
+            if self.min_frozen_steps > 0:
+                must_freeze = (~self._trained & self._seen & (self._age < self.min_frozen_steps)).tolist()
+        room = None
+        if self.budget_bytes is not None:
+            room = self.budget_bytes - self.base_bytes
+        chosen = choose_trained(order, n_train, bytes_=None if self._bytes is None else self._bytes.tolist(),
+                                budget=room, must_train=must_train, must_freeze=must_freeze)
+        new = torch.zeros(L, dtype=torch.bool)
+        new[torch.tensor(chosen, dtype=torch.long)] = True
+        if first:
+            self._age.zero_()
+        else:
+            self._age[new != self._trained] = 0
+        self._trained = new
+
+    def _apply(self) -> None:
+        for p, t in zip(self.params, self._trained.tolist()):
+            if p.requires_grad != t:
+                p.requires_grad_(t)
+            if not t and p.grad is not None:
+                p.grad = None
+
+    @torch.no_grad()
+    def _snapshot(self, refresh: bool = True) -> None:
+        """Snapshots of the layers that train next; ``refresh=False`` keeps existing ones."""
+        idx = self._trained.nonzero().flatten().tolist()
+        keep = set(idx)
+        for i in [i for i in self._snap if i not in keep]:
+            del self._snap[i]                                # frozen layers need no snapshot
+        reuse = [i for i in idx if i in self._snap]
+        if reuse and refresh:
+            torch._foreach_copy_([self._snap[i] for i in reuse], [self.params[i].detach() for i in reuse])
+        for i in idx:
+            if i not in self._snap:
+                self._snap[i] = self.params[i].detach().clone()

@@ -1,0 +1,68 @@
+"""Body of the two-process DDP test (imported by spawned processes)."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from _models import MLP, regression_data
+
+
+def run(rank, world, port, outdir, steps):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        _body(rank, world, outdir, steps)
+    finally:
+        dist.destroy_process_group()
+
+
+def _body(rank, world, outdir, steps):
+    from slimfit.scheduler import ILSScheduler
+
+    torch.manual_seed(rank)                         # different init: DDP broadcasts rank 0's
+    model = MLP()
+    errors = {}
+    for kw in ({"find_unused_parameters": False}, {"find_unused_parameters": True, "static_graph": True}):
+        try:
+            ILSScheduler(DDP(MLP(), **kw), freeze_rate=0.6)
+        except ValueError as e:
+            errors[str(kw)] = str(e)
+    try:                                            # FSDP2 is refused clearly
+        from torch.distributed.fsdp import fully_shard
+        sharded = MLP()
+        fully_shard(sharded)
+    except Exception as e:                          # FSDP2 not usable on this CPU build
+        errors["fsdp"] = f"unavailable: {type(e).__name__}"
+    else:
+        try:
+            ILSScheduler(sharded, freeze_rate=0.6)
+        except NotImplementedError as e:
+            errors["fsdp"] = str(e)
+
+    ddp = DDP(model, find_unused_parameters=True)   # DDP first, then the scheduler
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(ddp, freeze_rate=0.6, optimizer=opt, seed=rank)  # rank 0's seed wins
+    cand = dict(zip(sched.names, sched.params))
+    log, in_sync, frozen_still = [], True, True
+    for step in range(steps):
+        frozen = sched.frozen_names()
+        log.append(tuple(frozen))
+        before = {n: cand[n].detach().clone() for n in frozen}
+        x, y = regression_data(n=32, seed=1000 * rank + step)   # different data on each rank
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=(step % 2 == 0))
+        frozen_still &= all(torch.equal(before[n], cand[n]) for n in frozen)
+        sched.step()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        in_sync &= all(torch.equal(g, gathered[0]) for g in gathered)
+    torch.save({"log": log, "scores": sched.layer_scores(), "in_sync": in_sync,
+                "frozen_still": frozen_still, "errors": errors, "names": sched.names},
+               os.path.join(outdir, f"rank{rank}.pt"))
