@@ -1,0 +1,349 @@
+"""Attention core with compressed saved activations.
+
+    P = softmax(Q·Kᵀ·scale + mask)        O = dropout(P)·V
+
+The forward is computed exactly (same math as `F.scaled_dot_product_attention`). For
+backward only these are kept, through `ctx.save_for_backward`:
+
+* Q, K, V quantized per group at `qkv_bits` (8 by default; None keeps them as they are);
+* P compressed per `probs`: 'topk' (the ceil(keep_ratio·Sk) largest entries of each row,
+  values in the compute dtype plus int16 indices), 'int8' / 'int4' (per-group min/max
+  codes), or 'full';
+* for attention dropout nothing at all: the mask is regenerated in backward from a seed
+  with the counter-based generator (`slimfit.kernels.dropout_mask`).
+
+Backward uses exactly what was saved (P̃ = restored P, Q̃, K̃, Ṽ = dequantized inputs,
+D = the regenerated dropout, identity when off):
+
+    dP = D(dO·Ṽᵀ)     dS = P̃∘(dP − rowsum(dP∘P̃))     dQ = (dS·scale)·K̃
+    dK = (dS·scale)ᵀ·Q̃     dV = D(P̃)ᵀ·dO
+
+`dropout_mode='on_v'` applies the dropout to V instead of P (O = P·dropout(V)), as the
+SlimFit research code does. It is a different model (it drops value features, not
+attention links), so it is opt-in; see docs/attention.md.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels.api import dropout_mask, new_seed, quantize, seeded_dropout, topk_prune
+from ..kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
+from ._common import autocast_dtype, backward_once, load, no_autocast, restore, save
+
+__all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
+
+PROBS_MODES = ("topk", "int8", "int4", "full")
+DROPOUT_MODES = ("seed", "on_v")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PROBS_BITS = {"int8": 8, "int4": 4}
+
+
+def topk_keep(keep_ratio: float, row_length: int) -> int:
+    """Entries kept per row of P: ceil(keep_ratio · Sk), at least 1 (at most Sk).
+
+    A tiny tolerance keeps float noise from adding an entry (0.1 · 30 = 3.0000000000000004)."""
+    return min(row_length, max(1, math.ceil(keep_ratio * row_length - 1e-9)))
+
+
+# ------------------------------------------------------------------ forward math
+
+def _masked_scores(scores: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    """scores: a fresh fp32 (..., Sq, Sk) tensor; the mask is applied in place."""
+    if is_causal:
+        sq, sk = scores.shape[-2:]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).tril_()
+        scores.masked_fill_(~keep, float("-inf"))
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores.masked_fill_(~attn_mask, float("-inf"))
+        else:
+            scores.add_(attn_mask.to(torch.float32))
+    return scores
+
+
+def _math_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """dtype of the GEMMs. fp16/bf16 on the CPU run in fp32 (as PyTorch's CPU attention does:
+    half-precision rounding of the scores would double the error, and CPU GEMMs gain little
+    from 16 bits); elsewhere the input dtype (tensor cores accumulate in fp32 anyway)."""
+    return torch.float32 if device_type == "cpu" else dtype
+
+
+def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    """P = softmax(q·kᵀ·scale + mask) in fp32. A row whose keys are all masked gives zeros
+    (as PyTorch's scaled_dot_product_attention), not NaN."""
+    mdt = _math_dtype(q.dtype, q.device.type)
+    scores = torch.matmul(q.to(mdt), k.to(mdt).transpose(-2, -1)) * scale
+    # A fresh tensor either way (the cast is a no-op for fp32), so masking may work in place.
+    scores = _masked_scores(scores.to(torch.float32), attn_mask, is_causal)
+    p = torch.softmax(scores, dim=-1)
+    if scores.numel() and (attn_mask is not None or is_causal):
+        dead = scores.amax(dim=-1, keepdim=True) == float("-inf")
+        p.masked_fill_(dead, 0.0)
+    return p
+
+
+def _apply_keep(x: Tensor, keep: Tensor, p: float) -> Tensor:
+    """Inverted dropout with an explicit mask: the formula of `seeded_dropout` (same bits), so
+    one regenerated mask serves both products of the backward."""
+    if p >= 1.0:
+        return torch.zeros_like(x)
+    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
+    y = x.to(torch.float32) * factor
+    return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
+
+
+def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed: Optional[int]) -> Tensor:
+    """dropout(P)·V (or P·dropout(V)) in the math dtype, returned in v's dtype."""
+    mdt = _math_dtype(v.dtype, v.device.type)
+    p, vm = p32.to(mdt), v.to(mdt)
+    if seed is None:
+        out = torch.matmul(p, vm)
+    elif dropout_mode == "seed":
+        out = torch.matmul(seeded_dropout(p, dropout_p, seed), vm)
+    else:  # on_v
+        out = torch.matmul(p, seeded_dropout(vm, dropout_p, seed))
+    return out.to(v.dtype)
+
+
+# ------------------------------------------------------------------ autograd function
+
+class _AttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, dropout_mode,
+                qkv_bits, probs, keep_ratio, group_size):
+        cdt = q.dtype
+        seed = new_seed() if dropout_p > 0.0 else None
+        p32 = _probs(q, k, scale, attn_mask, is_causal)
+        out = _output(p32, v, dropout_p, dropout_mode, seed)
+        p = p32.to(cdt)  # P is stored in the input dtype (no copy for fp32)
+
+        # ---- what backward keeps: Q, K, V (quantized unless qkv_bits is None), compressed P
+        # The NaN/Inf checks of the primitives read a value back to the host: a graph break
+        # under torch.compile, so they are skipped while compiling.
+        check = not torch.compiler.is_compiling()
+        if qkv_bits is None:
+            saved_qkv = (q, k, v)
+        else:
+            saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check) for x in (q, k, v))
+        if probs == "full" or p.numel() == 0:
+            saved_p = p
+        elif probs == "topk":
+            # P >= 0, so the largest by value are the largest by magnitude (cheaper key).
+            saved_p = topk_prune(p, k=topk_keep(keep_ratio, p.shape[-1]), by_magnitude=False,
+                                 check_finite=check)
+        else:  # int8 / int4, quantized from the fp32 probabilities
+            saved_p = quantize(p32, _PROBS_BITS[probs], group_size, check_finite=check)
+        del p32
+        save(ctx, *saved_qkv, saved_p)
+
+        ctx.cdt = cdt
+        ctx.scale = scale
+        ctx.seed = seed
+        ctx.dropout_p = dropout_p
+        ctx.dropout_mode = dropout_mode
+        ctx.mask_shape = None
+        ctx.mask_dtype = None
+        if attn_mask is not None and attn_mask.is_floating_point():
+            ctx.mask_shape = tuple(attn_mask.shape)
+            ctx.mask_dtype = attn_mask.dtype
+        ctx.device_type = q.device.type
+        return out
+
+    @staticmethod
+    @backward_once("attention")  # create_graph=True raises, naming the op
+    def backward(ctx, grad_out):
+        with no_autocast(ctx.device_type):
+            return _AttentionFn._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
+        cdt = ctx.cdt
+        mdt = _math_dtype(cdt, ctx.device_type)
+        sq, sk, sv, sp = load(ctx)
+        q = restore(sq, mdt)
+        k = restore(sk, mdt)
+        v = restore(sv, mdt)
+        p32 = restore(sp, torch.float32)  # no copy when P was saved in fp32
+        del sq, sk, sv, sp
+        p = p32.to(mdt)
+        go = grad_out.to(mdt)
+
+        seed, dp, mode = ctx.seed, ctx.dropout_p, ctx.dropout_mode
+        if seed is not None and mode == "seed":  # the mask is regenerated once, used twice
+            keep = dropout_mask(p, dp, seed)
+            grad_v = torch.matmul(_apply_keep(p, keep, dp).transpose(-2, -1), go)
+            grad_p = _apply_keep(torch.matmul(go, v.transpose(-2, -1)), keep, dp)
+            del keep
+        elif seed is not None:  # on_v: O = P·D(V)
+            keep = dropout_mask(v, dp, seed)
+            grad_v = _apply_keep(torch.matmul(p.transpose(-2, -1), go), keep, dp)
+            grad_p = torch.matmul(go, _apply_keep(v, keep, dp).transpose(-2, -1))
+            del keep
+        else:
+            grad_v = torch.matmul(p.transpose(-2, -1), go)
+            grad_p = torch.matmul(go, v.transpose(-2, -1))
+        del v, p
+
+        # softmax backward in fp32 (no-op casts for fp32 inputs): dS = P∘(dP − rowsum(dP∘P)),
+        # with the same fused kernel autograd uses for torch.softmax.
+        grad_s = torch.ops.aten._softmax_backward_data(grad_p.to(torch.float32), p32, -1, torch.float32)
+        del grad_p, p32
+
+        grad_mask = None
+        if ctx.mask_shape is not None and ctx.needs_input_grad[3]:
+            grad_mask = grad_s.sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
+
+        gs = (grad_s * ctx.scale).to(mdt)
+        del grad_s
+        grad_q = torch.matmul(gs, k).to(cdt) if ctx.needs_input_grad[0] else None
+        # dK = dSᵀ·Q computed as (Qᵀ·dS)ᵀ: the same GEMM autograd runs for q @ k.mT.
+        grad_k = None
+        if ctx.needs_input_grad[1]:
+            grad_k = torch.matmul(q.transpose(-2, -1), gs).transpose(-2, -1).to(cdt)
+        grad_v = grad_v.to(cdt) if ctx.needs_input_grad[2] else None
+        return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 8
+
+
+# ------------------------------------------------------------------ validation
+
+def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
+           dropout_mode, scale, autocast_on):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"slimfit.attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(
+                f"slimfit.attention: {name} must be shaped (..., seq, head_dim), e.g. (B, H, S, D); "
+                f"got shape {tuple(t.shape)}"
+            )
+    if q.dim() != k.dim() or q.dim() != v.dim() or q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            "slimfit.attention: q, k and v must share their leading (batch, head) dimensions; got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (broadcasting and "
+            "grouped-query heads are not supported: repeat K/V heads first)"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"slimfit.attention: q and k head dims differ: q {tuple(q.shape)} vs k {tuple(k.shape)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"slimfit.attention: k and v sequence lengths differ: k {tuple(k.shape)} vs v {tuple(v.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"slimfit.attention: unsupported dtype {t.dtype} for {name}; use float32, float16 or bfloat16"
+            )
+    if not autocast_on and not (q.dtype == k.dtype == v.dtype):  # autocast casts them to one dtype
+        raise TypeError(
+            f"slimfit.attention: q, k, v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype} "
+            "(cast them, or run under torch.autocast)"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"slimfit.attention: q, k, v are on different devices: {q.device}, {k.device}, {v.device}"
+        )
+    if probs not in PROBS_MODES:
+        raise ValueError(f"slimfit.attention: probs must be one of {PROBS_MODES}, got {probs!r}")
+    if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, (int, float)) or not (0.0 < keep_ratio <= 1.0):
+        raise ValueError(f"slimfit.attention: keep_ratio must be in (0, 1], got {keep_ratio!r}")
+    if qkv_bits is not None and qkv_bits not in SUPPORTED_BITS:
+        raise ValueError(
+            f"slimfit.attention: qkv_bits must be one of {SUPPORTED_BITS} or None (keep full), got {qkv_bits!r}"
+        )
+    if group_size not in SUPPORTED_GROUP_SIZES:
+        raise ValueError(
+            f"slimfit.attention: group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size!r}"
+        )
+    if dropout_mode not in DROPOUT_MODES:
+        raise ValueError(f"slimfit.attention: dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
+    if not (0.0 <= float(dropout_p) <= 1.0):
+        raise ValueError(f"slimfit.attention: dropout_p must be in [0, 1], got {dropout_p!r}")
+    if scale is not None and not math.isfinite(float(scale)):
+        raise ValueError(f"slimfit.attention: scale must be a finite number, got {scale!r}")
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("slimfit.attention: give either attn_mask or is_causal=True, not both "
+                             "(as scaled_dot_product_attention)")
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"slimfit.attention: attn_mask must be a tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(
+                f"slimfit.attention: attn_mask must be bool (True = attend) or an additive float mask, "
+                f"got {attn_mask.dtype}"
+            )
+        if attn_mask.device != q.device:
+            raise ValueError(f"slimfit.attention: attn_mask is on {attn_mask.device}, q on {q.device}")
+        target = tuple(q.shape[:-1]) + (k.shape[-2],)
+        try:
+            ok = torch.broadcast_shapes(attn_mask.shape, target) == torch.Size(target)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"slimfit.attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                f"the score shape {target} (batch..., Sq, Sk)"
+            )
+
+
+# ------------------------------------------------------------------ public entry
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: Optional[float] = None,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    training: bool = True,
+    qkv_bits: Optional[int] = 8,
+    probs: str = "topk",
+    keep_ratio: float = 0.1,
+    group_size: int = 128,
+    dropout_mode: str = "seed",
+) -> Tensor:
+    """softmax(q·kᵀ·scale + mask)·v with compressed activations saved for backward.
+
+    q: (..., Sq, D), k: (..., Sk, D), v: (..., Sk, Dv), e.g. (B, H, S, D); leading dims equal.
+    scale: defaults to 1/sqrt(D). attn_mask: bool (True = attend) or additive float,
+    broadcastable to (..., Sq, Sk); is_causal: top-left aligned causal mask (as SDPA).
+    dropout_p: attention dropout, applied only when `training`.
+    qkv_bits: 8 (default), 4 or 2 to save Q, K, V quantized per group; None keeps them.
+    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full'.
+    group_size: quantization group (32, 64, 128 or 256 consecutive elements).
+    dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
+    'on_v' (dropout on V, as the SlimFit research code; changes the model).
+    Rows whose every key is masked give a zero output and zero gradients (as PyTorch).
+    Under torch.autocast, q, k, v (and a float mask) are cast to the autocast dtype and the
+    output has that dtype, as scaled_dot_product_attention.
+    """
+    adt = autocast_dtype(q.device.type) if isinstance(q, Tensor) else None
+    _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
+           dropout_mode, scale, adt is not None)
+    if adt is not None:
+        q, k, v = q.to(adt), k.to(adt), v.to(adt)
+    if adt is not None and attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(adt)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    p_drop = float(dropout_p) if training else 0.0
+    needs_graph = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad
+        or (attn_mask is not None and attn_mask.requires_grad)
+    )
+    with no_autocast(q.device.type):
+        if not needs_graph:  # inference: nothing to save, plain math
+            seed = new_seed() if p_drop > 0.0 else None
+            p32 = _probs(q, k, float(scale), attn_mask, bool(is_causal))
+            return _output(p32, v, p_drop, dropout_mode, seed)
+        return _AttentionFn.apply(
+            q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, dropout_mode,
+            qkv_bits, probs, float(keep_ratio), int(group_size),
+        )
