@@ -1,0 +1,256 @@
+// Device code of slimfit::quantize / slimfit::dequantize (the host side, checks, launches
+// and registration are in quantize.cu). See quantize.cu for the algorithm and the layout.
+//
+// This header needs only CUDA and rng_cuda.cuh (no torch), so the same kernels can be
+// compiled for a CPU-side emulation when checking their logic without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+#include "rng_cuda.cuh"
+
+namespace slimfit {
+namespace cuda_impl {
+
+constexpr int kBlock = 256;  // threads per block of every kernel here
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ------------------------------------------------------------------ element formats
+// Kind 0 = fp32, 1 = fp16, 2 = bf16. Storage is raw bits for the 16-bit formats so that
+// the conversions are explicit (torch builds with __CUDA_NO_HALF_CONVERSIONS__ etc.).
+template <int Kind>
+struct Fmt;
+
+template <>
+struct Fmt<0> {
+  using S = float;
+  static __device__ __forceinline__ float to_float(S v) { return v; }
+  static __device__ __forceinline__ S from_float(float v) { return v; }
+};
+
+template <>
+struct Fmt<1> {
+  using S = uint16_t;
+  // fp16 -> fp32 is exact.
+  static __device__ __forceinline__ float to_float(S v) { return __half2float(__ushort_as_half(v)); }
+  // Round to nearest even, as torch's CPU conversion; NaN -> sign | 0x7E00 like c10::Half.
+  static __device__ __forceinline__ S from_float(float v) {
+    if (v != v) return static_cast<S>(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7E00u);
+    return __half_as_ushort(__float2half_rn(v));
+  }
+};
+
+template <>
+struct Fmt<2> {
+  using S = uint16_t;
+  // bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word.
+  static __device__ __forceinline__ float to_float(S v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+  // Round to nearest even on the bits, as c10::BFloat16 does (NaN -> 0x7FC0).
+  static __device__ __forceinline__ S from_float(float v) {
+    if (v != v) return static_cast<S>(0x7FC0u);
+    const uint32_t u = __float_as_uint(v);
+    return static_cast<S>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+// NaN-propagating min / max (torch.amin / amax propagate NaN). sm_80+ has it in one
+// instruction; the fallback keeps the same semantics for older archs.
+__device__ __forceinline__ float nan_min(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fminf(a, b);
+#endif
+}
+
+__device__ __forceinline__ float nan_max(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
+// Store / load of `Bytes` (1, 2, 4 or 8) little-endian bytes at a `Bytes`-aligned address.
+template <int Bytes>
+__device__ __forceinline__ void store_bytes(uint8_t* p, uint64_t v) {
+  if constexpr (Bytes == 1) {
+    *p = static_cast<uint8_t>(v);
+  } else if constexpr (Bytes == 2) {
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
+  } else if constexpr (Bytes == 4) {
+    *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+  } else {
+    static_assert(Bytes == 8, "1, 2, 4 or 8 bytes");
+    *reinterpret_cast<uint64_t*>(p) = v;
+  }
+}
+
+template <int Bytes>
+__device__ __forceinline__ uint64_t load_bytes(const uint8_t* p) {
+  if constexpr (Bytes == 1) {
+    return *p;
+  } else if constexpr (Bytes == 2) {
+    return *reinterpret_cast<const uint16_t*>(p);
+  } else if constexpr (Bytes == 4) {
+    return *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    static_assert(Bytes == 8, "1, 2, 4 or 8 bytes");
+    return *reinterpret_cast<const uint64_t*>(p);
+  }
+}
+
+// ------------------------------------------------------------------ quantize
+template <int Kind, int Group>
+struct QuantShape {
+  using S = typename Fmt<Kind>::S;
+  static constexpr int kVecElems = 16 / static_cast<int>(sizeof(S));  // one 16-byte load
+  static constexpr int V = (Group / 32 > kVecElems) ? Group / 32 : kVecElems;  // elements per thread
+  static constexpr int T = Group / V;                                          // threads per group
+  static constexpr int kLoads = V / kVecElems;                                 // 16-byte loads per thread
+  static_assert(T >= 1 && T <= 32 && (32 % T) == 0, "a group must sit inside one warp");
+  static_assert(V % kVecElems == 0, "whole 16-byte loads");
+};
+
+template <int Kind, int Group, int Bits>
+__global__ void __launch_bounds__(kBlock)
+    quantize_kernel(const typename Fmt<Kind>::S* __restrict__ x, int64_t n, int64_t ngroups,
+                    uint8_t* __restrict__ codes, float* __restrict__ scale_out, float* __restrict__ offset_out,
+                    bool stochastic, cuda_rng::Keys keys, bool vec_ok) {
+  using F = Fmt<Kind>;
+  using S = typename F::S;
+  using Shape = QuantShape<Kind, Group>;
+  constexpr int V = Shape::V;
+  constexpr int T = Shape::T;
+  constexpr int kBytes = V * Bits / 8;
+  constexpr int kLevels = (1 << Bits) - 1;
+  static_assert((V * Bits) % 8 == 0, "a thread's codes fill whole bytes");
+
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  const int64_t g = tid / T;
+  const int lane = static_cast<int>(tid % T);
+  const int64_t e0 = g * Group + static_cast<int64_t>(lane) * V;  // first element of this thread
+  // Threads past the last group stay alive until the shuffles are done (full-warp masks).
+  const int64_t left = (g < ngroups) ? n - e0 : 0;
+  const int valid = left <= 0 ? 0 : (left >= V ? V : static_cast<int>(left));
+
+  float v[V];
+  if (valid == V && vec_ok) {
+    alignas(16) S raw[V];
+    const uint4* src = reinterpret_cast<const uint4*>(x + e0);
+#pragma unroll
+    for (int w = 0; w < Shape::kLoads; ++w) {
+      *reinterpret_cast<uint4*>(&raw[w * Shape::kVecElems]) = __ldg(src + w);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = F::to_float(raw[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = (j < valid) ? F::to_float(x[e0 + j]) : 0.0f;
+  }
+
+  // Identities for elements past the end: they never win (a group always holds at least
+  // one real element, which then decides).
+  float mn = __int_as_float(0x7f800000);
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    if (j < valid) {
+      mn = nan_min(mn, v[j]);
+      mx = nan_max(mx, v[j]);
+    }
+  }
+#pragma unroll
+  for (int off = T / 2; off > 0; off >>= 1) {
+    mn = nan_min(mn, __shfl_xor_sync(kFullMask, mn, off));
+    mx = nan_max(mx, __shfl_xor_sync(kFullMask, mx, off));
+  }
+  if (valid == 0) return;  // past the end: nothing to write (no shuffle follows)
+
+  const float scale = __fdiv_rn(__fsub_rn(mx, mn), static_cast<float>(kLevels));
+  const float divisor = scale > 0.0f ? scale : 1.0f;  // NaN > 0 is false, as in torch.where
+  if (lane == 0) {
+    scale_out[g] = scale;
+    offset_out[g] = mn;
+  }
+
+  uint64_t packed = 0;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float q = __fdiv_rn(__fsub_rn(v[j], mn), divisor);
+    const float u = stochastic ? cuda_rng::uniform(static_cast<uint64_t>(e0 + j), keys) : 0.5f;
+    float c = floorf(__fadd_rn(q, u));
+    // clamp(0, levels); a NaN (non-finite group only) becomes 0 instead of undefined.
+    c = fminf(fmaxf(c, 0.0f), static_cast<float>(kLevels));
+    const uint64_t code = (j < valid) ? static_cast<uint64_t>(static_cast<uint32_t>(c)) : 0u;
+    packed |= code << (j * Bits);
+  }
+
+  uint8_t* dst = codes + e0 * Bits / 8;
+  if (valid == V) {
+    store_bytes<kBytes>(dst, packed);
+  } else {
+    const int nbytes = (valid * Bits + 7) / 8;  // the packed tensor ends after these
+    for (int b = 0; b < nbytes; ++b) dst[b] = static_cast<uint8_t>(packed >> (8 * b));
+  }
+}
+
+// ------------------------------------------------------------------ dequantize
+// A thread writes V = 16 / sizeof(out) consecutive elements (one 16-byte store); V
+// divides every group size, so they share one group's scale and offset.
+template <int Kind, int Bits>
+__global__ void __launch_bounds__(kBlock)
+    dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scale,
+                      const float* __restrict__ offset, typename Fmt<Kind>::S* __restrict__ out, int64_t n,
+                      int group_shift, bool vec_ok) {
+  using F = Fmt<Kind>;
+  using S = typename F::S;
+  constexpr int V = 16 / static_cast<int>(sizeof(S));
+  constexpr int kBytes = V * Bits / 8;
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+
+  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x) * V;
+  if (e0 >= n) return;
+  const int64_t left = n - e0;
+  const int valid = left >= V ? V : static_cast<int>(left);
+  const int64_t g = e0 >> group_shift;
+  const float s = __ldg(scale + g);
+  const float o = __ldg(offset + g);
+
+  const uint8_t* src = codes + e0 * Bits / 8;
+  uint64_t packed = 0;
+  if (valid == V && vec_ok) {
+    packed = load_bytes<kBytes>(src);
+  } else {
+    const int nbytes = (valid * Bits + 7) / 8;
+    for (int b = 0; b < nbytes; ++b) packed |= static_cast<uint64_t>(src[b]) << (8 * b);
+  }
+
+  alignas(16) S res[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const uint32_t code = static_cast<uint32_t>(packed >> (j * Bits)) & kMask;
+    res[j] = F::from_float(__fadd_rn(__fmul_rn(static_cast<float>(code), s), o));
+  }
+  S* dst = out + e0;
+  if (valid == V && vec_ok) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(res);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (j < valid) dst[j] = res[j];
+    }
+  }
+}
+
+}  // namespace cuda_impl
+}  // namespace slimfit
