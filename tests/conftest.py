@@ -1,7 +1,14 @@
 import os
 
-import pytest
 import torch
+
+# Without CUDA, Triton kernels run on CPU tensors in the interpreter. TRITON_INTERPRET must be
+# set before anything imports triton (torch._dynamo, transformers and peft do, at import), so it
+# is set here, in the first conftest pytest loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 # Tests compare kernels with the reference; keep them deterministic and quiet.
 torch.manual_seed(0)
