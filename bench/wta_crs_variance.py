@@ -1,0 +1,260 @@
+"""Variance of the sampled weight gradient (WTA-CRS vs plain CRS vs exact) on real fine-tuning data,
+and the activation bytes it saves.
+
+    python bench/wta_crs_variance.py [--batch 32] [--max-length 64] [--ratio 0.3] [--gap-steps 5]
+                                      [--seeds 100] [--layers 1,4] [--csv PATH]
+
+Data: the pretrained all-MiniLM-L6-v2 (a 6-layer BERT, hidden 384, FFN 1536) with a fresh
+2-class head on Rotten Tomatoes snippets, the offline assets of `slimfit demo` (see
+slimfit/demo/assets.py). Without them a randomly initialised model of the same shape on random
+token ids is used, and the header says so (its gradients are not realistic).
+
+Protocol (the paper's setting, arXiv 2305.15265):
+1. visit 1: forward/backward of batch A; the output-gradient row norms ‖gᵢ‖ of every target
+   linear are recorded (what a NormCache would hold);
+2. `--gap-steps` AdamW steps (lr 2e-5) on other batches, so the weights move as between two
+   epochs;
+3. visit 2: batch A again; the inputs x and output gradients g of the target linears are captured
+   and dW = gᵀx is the exact gradient.
+For each target linear (the paper's: attention output projection, FFN up and FFN down; the
+query projection as a non-target reference) and each choice of probabilities,
+  uniform   pᵢ = 1/N
+  x-only    pᵢ ∝ ‖xᵢ‖               (no sample ids)
+  x-only-nopad  pᵢ ∝ ‖xᵢ‖, 0 on padding rows (their gradient is exactly 0 in a BERT classifier;
+            what an attention-mask-aware fallback without ids would give: not in the library)
+  stale     pᵢ ∝ ‖xᵢ‖·‖gᵢ‖(visit 1)  (sample ids + NormCache: what the library does)
+  oracle    pᵢ ∝ ‖xᵢ‖·‖gᵢ‖(visit 2)  (unattainable: g is unknown in forward)
+it prints the relative variance E‖dŴ − dW‖²/‖dW‖² of CRS and WTA-CRS at the same k = ⌈ratio·N⌉
+(exact formula, `wta_crs.expected_sq_error`; exact dW has 0), the measured value over `--seeds`
+draws for the stale row (the sampler and estimator `sampled_linear`'s backward uses; the tests
+check the Function itself against the same formula), |C| and the WTA/CRS ratio.
+Bytes: what one target linear saves for backward (slimfit.memory: full input vs kept rows +
+indices + scales, fp32 and 8-bit kept rows), and the whole model's saved bytes with the three
+target linears of every layer sampled (forward swapped in this script only; the library's
+patch does not do it yet).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from slimfit.autograd import wta_crs as W  # noqa: E402
+from slimfit.autograd.sampled_linear import sampled_linear  # noqa: E402
+from slimfit.memory import measure  # noqa: E402
+
+TARGETS = {  # BERT module suffix -> label
+    "attention.output.dense": "attn-out",
+    "intermediate.dense": "ffn-up",
+    "output.dense": "ffn-down",
+    "attention.self.query": "query*",
+}
+SAMPLED = ("attention.output.dense", "intermediate.dense", "output.dense")
+
+
+def _load(batch: int, max_length: int, seed: int):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+
+    torch.manual_seed(seed)
+    try:
+        from slimfit.demo.assets import MissingAsset, minilm_dir, rotten_tomatoes
+    except ImportError:  # pragma: no cover
+        MissingAsset = RuntimeError
+        minilm_dir = rotten_tomatoes = None
+    try:
+        if minilm_dir is None:
+            raise MissingAsset("slimfit.demo.assets is not importable")
+        path = minilm_dir()
+        train, _ = rotten_tomatoes(seed=seed, n_train=batch * 40, n_test=10)
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+
+        def encode(examples):
+            enc = tok([t for t, _ in examples], padding=True, truncation=True, max_length=max_length,
+                      return_tensors="pt")
+            enc["labels"] = torch.tensor([y for _, y in examples])
+            return dict(enc)
+
+        batches = [encode(train[i:i + batch]) for i in range(0, len(train), batch)]
+        return model, batches, "all-MiniLM-L6-v2 (pretrained) on Rotten Tomatoes snippets"
+    except (MissingAsset, OSError, ValueError) as exc:  # offline assets missing
+        cfg = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+                         num_labels=2)
+        model = AutoModelForSequenceClassification.from_config(cfg)
+        gen = torch.Generator().manual_seed(seed)
+        batches = []
+        for _ in range(40):
+            ids = torch.randint(1000, 30000, (batch, max_length), generator=gen)
+            lens = torch.randint(max_length // 4, max_length + 1, (batch,), generator=gen)
+            mask = (torch.arange(max_length)[None] < lens[:, None]).long()
+            batches.append({"input_ids": ids * mask, "attention_mask": mask,
+                            "labels": torch.randint(0, 2, (batch,), generator=gen)})
+        return model, batches, f"RANDOM BERT (offline assets missing: {exc}); gradients not realistic"
+
+
+def _targets(model, layers):
+    """{(layer index, label): module} for the TARGETS of the chosen encoder layers."""
+    out = {}
+    for name, mod in model.named_modules():
+        m = re.search(r"\.layer\.(\d+)\.(.+)$", name)
+        if m and int(m.group(1)) in layers and m.group(2) in TARGETS:
+            out[(int(m.group(1)), TARGETS[m.group(2)])] = mod
+    return out
+
+
+def _capture(model, batch, mods):
+    """x (N × in) and g (N × out) of each module for one forward/backward of `batch`."""
+    got, handles = {}, []
+    for key, mod in mods.items():
+        def hook(_m, args, out, key=key):
+            got[key] = {"x": args[0].detach().reshape(-1, args[0].shape[-1])}
+            out.register_hook(lambda g, key=key: got[key].__setitem__("g", g.detach().reshape(-1, g.shape[-1])))
+        handles.append(mod.register_forward_hook(hook))
+    try:
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def _measured(x, g, p, k, seeds):
+    """Mean ‖dŴ − dW‖²/‖dW‖² over `seeds` draws of the samplers `sampled_linear` uses (the same
+    sample_rows / scales / Σ scale·gᵀx as its backward, without the forward GEMM)."""
+    exact = g.t().double() @ x.double()
+    out = {}
+    for sampler in ("wta_crs", "crs"):
+        tot = 0.0
+        for s in range(seeds):
+            rows = W.sample_rows(p, k, sampler, torch.Generator().manual_seed(s))
+            tot += float((W.estimate_weight_grad(x, g, rows).double() - exact).pow(2).sum())
+        out[sampler] = tot / seeds / float(exact.pow(2).sum())
+    return out
+
+
+def _fmt_bytes(n):
+    return f"{n / 2**20:.2f} MiB"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--ratio", type=float, default=0.3)
+    ap.add_argument("--gap-steps", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--layers", default="1,4")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    layers = [int(v) for v in args.layers.split(",")]
+    t0 = time.time()
+    model, batches, what = _load(args.batch, args.max_length, args.seed)
+    model.train()
+    for m in model.modules():  # dropout off: the two visits differ by the weights only
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    mods = _targets(model, layers)
+    batch_a = batches[0]
+    n_pad = int((batch_a["attention_mask"] == 0).sum())
+    pad_free = batch_a["attention_mask"].reshape(-1).bool()
+    n_rows = batch_a["attention_mask"].numel()
+
+    first = _capture(model, batch_a, mods)
+    stale = {key: v["g"].norm(dim=1) for key, v in first.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    for b in batches[1:1 + args.gap_steps]:
+        opt.zero_grad(set_to_none=True)
+        model(**b).loss.backward()
+        opt.step()
+    second = _capture(model, batch_a, mods)
+
+    print(f"# WTA-CRS variance: {what}")
+    print(f"# batch {args.batch} x {batch_a['input_ids'].shape[1]} tokens = N {n_rows} rows ({n_pad} padding), "
+          f"ratio {args.ratio}, stale norms from {args.gap_steps} AdamW steps earlier, torch {torch.__version__}")
+    print("# relative variance E||dW_hat - dW||^2 / ||dW||^2 (exact formula); exact dW: 0")
+    header = ["layer", "linear", "N", "k", "probs", "|C|", "CRS", "WTA-CRS", "WTA/CRS", "measured CRS", "measured WTA"]
+    rows = []
+    for (li, label), v in sorted(second.items()):
+        x, g = v["x"].float(), v["g"].float()
+        n = x.shape[0]
+        k = W.num_kept_rows(n, args.ratio, 10)
+        exact_sq = float((g.t().double() @ x.double()).pow(2).sum())
+        pad_g = float(g.norm(dim=1)[~pad_free].max()) if bool((~pad_free).any()) else 0.0
+        if pad_g > 0:
+            print(f"# note: layer {li} {label}: padding rows have gradient norm up to {pad_g:.2e}")
+        probs = {
+            "uniform": torch.full((n,), 1.0 / n),
+            "x-only": W.sampling_probabilities(x.norm(dim=1)),
+            "x-only-nopad": W.sampling_probabilities(x.norm(dim=1) * pad_free),
+            "stale": W.sampling_probabilities(x.norm(dim=1), stale[(li, label)]),
+            "oracle": W.sampling_probabilities(x.norm(dim=1), g.norm(dim=1)),
+        }
+        for pname, p in probs.items():
+            crs = W.expected_sq_error(x, g, p, k, "crs") / exact_sq
+            wta = W.expected_sq_error(x, g, p, k, "wta_crs") / exact_sq
+            c = W.deterministic_count(p, k)
+            meas = ("", "")
+            if pname == "stale" and args.seeds > 0:
+                m = _measured(x, g, p, k, args.seeds)
+                meas = (f"{m['crs']:.4f}", f"{m['wta_crs']:.4f}")
+            rows.append([li, label, n, k, pname, c, f"{crs:.4f}", f"{wta:.4f}", f"{wta / crs:.3f}", *meas])
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    print("# query* is not a target (the paper leaves Q/K/V exact); shown for reference")
+
+    # ---------------------------------------------------------------- bytes
+    print("\n# bytes saved for backward (slimfit.memory), one forward of the same batch")
+    (li, label) = sorted(k for k in second if k[1] == "ffn-up")[0]
+    mod = mods[(li, label)]
+    xin = second[(li, label)]["x"].reshape(batch_a["input_ids"].shape[0], -1, mod.in_features).clone()
+    n = xin.shape[0] * xin.shape[1]
+    k = W.num_kept_rows(n, args.ratio, 10)
+    full = measure(lambda x: torch.nn.functional.linear(x, mod.weight, mod.bias), xin, backward=False).total
+    samp = measure(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio), xin, backward=False).total
+    samp8 = measure(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio, input_bits=8), xin,
+                    backward=False).total
+    print(f"layer {li} {label} ({mod.in_features} -> {mod.out_features}), N {n}, k {k}:")
+    print(f"  full linear          {full:>10d} B  (N*in*4)")
+    print(f"  sampled fp32 rows    {samp:>10d} B  (k*in*4 + 4k idx + 4k scales = {k * mod.in_features * 4 + 8 * k})"
+          f"  {full / samp:.2f}x less")
+    print(f"  sampled 8-bit rows   {samp8:>10d} B  {full / samp8:.2f}x less")
+
+    saved_forwards = {}
+    baseline = measure(model, **batch_a).total
+    for name, m in model.named_modules():
+        hit = re.search(r"\.layer\.\d+\.(.+)$", name)
+        if isinstance(m, torch.nn.Linear) and hit and hit.group(1) in SAMPLED:
+            def fwd(x, m=m):
+                return sampled_linear(x, m.weight, m.bias, ratio=args.ratio)
+            saved_forwards[name] = m
+            m.forward = fwd
+    patched = measure(model, **batch_a).total
+    for m in saved_forwards.values():
+        del m.forward
+    print(f"whole model, every weight trainable: plain {_fmt_bytes(baseline)}, with attn-out/ffn-up/ffn-down sampled "
+          f"at ratio {args.ratio}: {_fmt_bytes(patched)} ({baseline / patched:.2f}x less; "
+          f"{len(saved_forwards)} linears)")
+    print(f"# {time.time() - t0:.0f} s")
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            wr = csv.writer(fh)
+            wr.writerow(header)
+            wr.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
