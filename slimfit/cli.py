@@ -1,4 +1,5 @@
-"""The `slimfit` command: `demo` (plain vs slimfit fine-tuning), `env` (versions, backends, devices)."""
+"""The `slimfit` command: `demo` (plain vs slimfit fine-tuning), `memory` (saved-activation report of an
+architecture), `env` (versions, backends, devices)."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(demo)
     demo.set_defaults(func=run)
+    mem = sub.add_parser("memory", help="per-module saved-activation report of an architecture, plain vs a preset")
+    from . import memory_cli
+
+    memory_cli.add_arguments(mem)
+    mem.set_defaults(func=memory_cli.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,108 @@
+"""`slimfit memory <architecture>` (slimfit/memory_cli.py) on the hidden tiny architecture."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from slimfit import memory_cli  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors: threads only add barrier waits (badly so on a shared, busy machine).
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slimfit memory")
+    memory_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _ratio(out: str) -> float:
+    m = re.search(r"^reduction vs plain: ([0-9.]+)x", out, re.MULTILINE)
+    assert m, out
+    return float(m.group(1))
+
+
+def _bytes(out: str, label: str) -> float:
+    m = re.search(re.escape(label) + r"\s+([0-9.,]+) (KiB|MiB|GiB)", out)
+    assert m, out
+    return float(m.group(1).replace(",", "")) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
+
+
+def test_paper_report_names_modules_and_saves(capsys):
+    rc = memory_cli.run(_args("bert-tiny", "--batch", "2", "--seq-len", "16"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    # The per-module table of slimfit.memory.report, with the baseline columns.
+    assert re.search(r"^module\s+saved\s+share\s+baseline\s+reduction", out, re.MULTILINE)
+    for module in ("bert.encoder.layer.0.attention.self", "bert.encoder.layer.1.intermediate.intermediate_act_fn",
+                   "bert.encoder.layer.1.output.LayerNorm"):
+        assert module in out
+    assert "family: bert" in out and "slimfit_sdpa" in out
+    assert _ratio(out) > 1.0
+    plain = _bytes(out, "plain PyTorch, all trainable")
+    frozen = _bytes(out, "plain PyTorch, same layers frozen")
+    patched = _bytes(out, "slimfit paper(), same layers frozen")
+    assert patched < frozen <= plain
+    # The frozen set is the scheduler's: 90% of bert-tiny's 22 candidate layers.
+    assert "frozen: 20 of 22 candidate layers" in out
+
+
+@pytest.mark.parametrize("preset,dtype", [("exact", "fp32"), ("aggressive", "bf16")])
+def test_presets_dtype_and_collapsed_rows(capsys, preset, dtype):
+    rc = memory_cli.run(_args("BERT_tiny", "--seq-len", "8", "--preset", preset, "--dtype", dtype,
+                              "--collapse-layers"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "bert.encoder.layer.*.attention.self" in out and "bert.encoder.layer.0." not in out
+    assert ("bf16 autocast" in out) == (dtype == "bf16")
+    assert _ratio(out) > 1.0
+
+
+def test_no_freezing_still_saves_with_paper(capsys):
+    rc = memory_cli.run(_args("bert-tiny", "--seq-len", "8", "--freeze-rate", "0"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "frozen: 0 of 22" in out
+    assert _ratio(out) > 1.0
+
+
+def test_unknown_architecture_lists_known_ones(capsys):
+    rc = memory_cli.run(_args("bert-huge"))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "unknown architecture 'bert-huge'" in err
+    for name in ("bert-base", "bert-large", "roberta-base", "distilbert", "vit-base", "vit-large", "gpt2"):
+        assert name in err
+    assert "bert-tiny" not in err  # hidden test entry
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("bert-tiny", "--seq-len", "4096"), "seq-len must be in [1, 128]"),
+    (("bert-tiny", "--freeze-rate", "1.0"), "--freeze-rate must be in [0, 1)"),
+    (("bert-tiny", "--image-size", "224"), "--image-size applies to vision models"),
+    (("bert-tiny", "--batch", "0"), "batch must be >= 1"),
+])
+def test_bad_arguments_are_clear_errors(capsys, argv, message):
+    assert memory_cli.run(_args(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resolve_and_catalogue():
+    assert memory_cli.resolve("ViT").name == "vit-base"
+    assert memory_cli.resolve("GPT2").name == "gpt2"
+    for arch in memory_cli.ARCHITECTURES.values():
+        import transformers
+
+        assert hasattr(transformers, arch.config_class) and hasattr(transformers, arch.model_class)
