@@ -60,12 +60,7 @@ class _Linear(torch.autograd.Function):
             g = grad_out.to(cd)
             g2 = g.reshape(-1, g.shape[-1])
             if need_x:
-                w = weight.to(cd)
-                if ctx.x_colmajor:
-                    grad_x = w.t().mm(g2.t()).t()
-                else:
-                    grad_x = g2.mm(w).view(ctx.x_shape)
-                grad_x = grad_x.to(ctx.x_dtype)
+                grad_x = input_grad(ctx, g2, weight)
             if need_w:
                 x2 = restore(saved_x, cd)
                 x2 = x2.reshape(-1, x2.shape[-1])
@@ -73,6 +68,17 @@ class _Linear(torch.autograd.Function):
             if need_b:
                 grad_b = g2.sum(0).to(ctx.b_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def input_grad(ctx, g2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """grad_x = g @ W in the layout PyTorch's mm backward gives (bit-identical), shared by
+    every linear Function whose ctx records compute_dtype, x_colmajor, x_shape and x_dtype."""
+    w = weight.to(ctx.compute_dtype)
+    if ctx.x_colmajor:
+        grad_x = w.t().mm(g2.t()).t()
+    else:
+        grad_x = g2.mm(w).view(ctx.x_shape)
+    return grad_x.to(ctx.x_dtype)
 
 
 def linear(

@@ -30,7 +30,7 @@ from ._common import (
     autocast_dtype, backward_once, cast, check_bits, check_float, check_group_size,
     check_same_dtype, compress_quantize, load, no_autocast, restore, save,
 )
-from .linear import linear
+from .linear import input_grad, linear
 from .norm_cache import NormCache, as_sample_ids
 from .wta_crs import SAMPLERS, check_ratio, num_kept_rows, sample_rows, sampling_probabilities
 
@@ -86,12 +86,7 @@ class _SampledLinear(torch.autograd.Function):
             g = grad_out.to(cd)
             g2 = g.reshape(-1, g.shape[-1])
             if need_x:
-                w = weight.to(cd)
-                if ctx.x_colmajor:
-                    grad_x = w.t().mm(g2.t()).t()
-                else:
-                    grad_x = g2.mm(w).view(ctx.x_shape)
-                grad_x = grad_x.to(ctx.x_dtype)
+                grad_x = input_grad(ctx, g2, weight)
             if need_w:
                 xk = restore(kept, cd)
                 gk = g2.index_select(0, idx.long())
