@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _mean(values) -> float:
+    return sum(values) / max(len(values), 1)
+
+
 def _mib(n):
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
 
@@ -35,7 +39,7 @@ def render(results) -> str:
             ("peak GPU memory", [_mib(r.peak_bytes) for r in results]),
             ("step time (median)", [f"{r.step_ms:.0f} ms" for r in results]),
             ("layers frozen (mean)", [f"{100 * r.frozen_share:.0f} %" for r in results]),
-            ("loss first -> last 10", [f"{sum(r.losses[:10]) / 10:.3f} -> {sum(r.losses[-10:]) / 10:.3f}" for r in results])]
+            ("loss first -> last 10", [f"{_mean(r.losses[:10]):.3f} -> {_mean(r.losses[-10:]):.3f}" for r in results])]
     if len(results) == 2 and results[0].saved_bytes and results[1].saved_bytes:
         rows.append(("activation memory ratio", ["1.0x", f"{results[0].saved_bytes / results[1].saved_bytes:.1f}x less"]))
     width = max(len(k) for k, _ in rows)
