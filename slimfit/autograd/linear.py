@@ -38,15 +38,7 @@ class _Linear(torch.autograd.Function):
         # The weight is a parameter: saving it costs no activation memory. It is cast to the
         # compute dtype again in backward rather than saving an autocast copy of it.
         save(ctx, weight if need_x else None, saved_x)
-        ctx.device_type = device_type
-        ctx.compute_dtype = compute_dtype
-        ctx.x_dtype = x.dtype
-        ctx.x_shape = tuple(x.shape)
-        # PyTorch's mm backward returns a column-major input gradient for a column-major 2-D
-        # input (mat2 @ grad^T)^T; do the same so the frozen path stays bit-identical.
-        ctx.x_colmajor = xc.dim() == 2 and xc.stride(0) == 1 and xc.stride(1) == xc.shape[0]
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype)
         return out
 
     @staticmethod
@@ -68,6 +60,19 @@ class _Linear(torch.autograd.Function):
             if need_b:
                 grad_b = g2.sum(0).to(ctx.b_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype) -> None:
+    """The static facts a linear backward needs (read by input_grad and the weight/bias grads)."""
+    ctx.device_type = device_type
+    ctx.compute_dtype = compute_dtype
+    ctx.x_dtype = x.dtype
+    ctx.x_shape = tuple(x.shape)
+    # PyTorch's mm backward returns a column-major input gradient for a column-major 2-D
+    # input (mat2 @ grad^T)^T; do the same so the frozen path stays bit-identical.
+    ctx.x_colmajor = xc.dim() == 2 and xc.stride(0) == 1 and xc.stride(1) == xc.shape[0]
+    ctx.w_dtype = weight.dtype
+    ctx.b_dtype = None if bias is None else bias.dtype
 
 
 def input_grad(ctx, g2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from ._common import (
     autocast_dtype, backward_once, cast, check_bits, check_float, check_group_size,
     check_same_dtype, compress_quantize, load, no_autocast, restore, save,
 )
-from .linear import input_grad, linear
+from .linear import input_grad, linear, record_linear_meta
 from .norm_cache import NormCache, as_sample_ids
 from .wta_crs import SAMPLERS, check_ratio, num_kept_rows, sample_rows, sampling_probabilities
 
@@ -66,13 +66,7 @@ class _SampledLinear(torch.autograd.Function):
         ctx.k = k
         ctx.norm_cache = norm_cache      # a persistent per-layer store, not an activation
         ctx.sample_ids = sample_ids      # tuple of Python ints (or None)
-        ctx.device_type = device_type
-        ctx.compute_dtype = compute_dtype
-        ctx.x_dtype = x.dtype
-        ctx.x_shape = tuple(x.shape)
-        ctx.x_colmajor = xc.dim() == 2 and xc.stride(0) == 1 and xc.stride(1) == xc.shape[0]
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype)
         return out
 
     @staticmethod
