@@ -3,19 +3,26 @@
     linear(x, weight, bias=None, *, input_bits=None, group_size=128, stochastic=False)
     gelu(x, *, bits=4, approximate='none', group_size=128, stochastic=False)
     layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, save='int8', keep_ratio=0.1, ...)
+    rms_norm(x, weight=None, eps=1e-6, *, save='int8', keep_ratio=0.1, ...)     (LlamaRMSNorm, bit-exact)
+    silu(x, *, bits=4, group_size=128, stochastic=False)
+    swiglu(gate, up, *, bits=4, up_bits=None, group_size=128, stochastic=False)  (silu(gate) * up)
+    conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)      (frozen weight: 0 bytes)
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
     attention(...)  (slimfit/autograd/attention.py)
 
 See docs/autograd.md for what each saves and the measured gradient errors.
 """
+from .conv import conv
 from .dropout import dropout
 from .gelu import gelu
 from .layernorm import layer_norm
 from .linear import linear
 from .matmul import matmul
+from .rmsnorm import rms_norm
+from .silu import silu, swiglu
 
-__all__ = ["dropout", "gelu", "layer_norm", "linear", "matmul"]
+__all__ = ["conv", "dropout", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
 
 try:
     from .attention import attention  # noqa: F401  (built in parallel; optional until it lands)

@@ -1,0 +1,113 @@
+"""RMSNorm (Llama / Mistral / Qwen2 layout) that saves only x_hat (compressed) and the per-row rstd.
+
+The forward is the Hugging Face formula, op for op, so the output is bit-identical:
+    h     = x.to(float32)
+    rstd  = rsqrt(mean(h², -1) + eps)
+    x_hat = h * rstd                                   (fp32)
+    y     = weight * x_hat.to(x.dtype)                 (weight None: y = x_hat.to(x.dtype))
+With g the output gradient, w the weight (1 when None), D the row length:
+    gw = g * w
+    dx = rstd * (gw − x_hat * mean(gw * x_hat))        (mean over the D entries of a row)
+    dw = sum over rows of g * x_hat
+so backward needs x_hat and rstd only (the LayerNorm formula without the mean terms). x_hat is saved
+as in `layer_norm`: 'int8' (8-bit codes per group), 'topk' (the keep_ratio largest-magnitude
+entries of each row, values in the input dtype) or 'full' (x_hat.to(x.dtype), the tensor the HF
+module itself keeps for the weight gradient), plus rstd in fp32 (4 bytes per row).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import (
+    backward_once, check_float, check_group_size, compress_quantize, compress_topk, load, no_autocast,
+    restore, save,
+)
+from .layernorm import topk_keep
+
+__all__ = ["rms_norm"]
+
+_MODES = ("int8", "topk", "full")
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
+    """(y, x_hat fp32, rstd fp32) by the Hugging Face LlamaRMSNorm formula."""
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(variance + eps)
+    xhat = h * rstd
+    y = xhat.to(x.dtype)
+    return (y if weight is None else weight * y), xhat, rstd
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, mode, keep_ratio, group_size, stochastic):
+        device_type = x.device.type
+        d = x.shape[-1]
+        rows = x.numel() // d
+        with no_autocast(device_type):
+            out, xhat, rstd = _forward(x, weight, eps)
+            xhat = xhat.reshape(rows, d)
+            if mode == "int8":
+                saved = compress_quantize(xhat, 8, group_size, stochastic)
+            elif mode == "topk":
+                saved = compress_topk(xhat.to(x.dtype), topk_keep(keep_ratio, d))
+            else:
+                saved = xhat.to(x.dtype)
+        save(ctx, saved, rstd.reshape(rows, 1), weight if ctx.needs_input_grad[0] else None)
+        ctx.device_type = device_type
+        ctx.rows, ctx.d = rows, d
+        ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+        ctx.w_dtype = None if weight is None else weight.dtype
+        return out
+
+    @staticmethod
+    @backward_once("rms_norm")
+    def backward(ctx, grad_out):
+        saved, rstd, weight = load(ctx)
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_x = grad_w = None
+        with no_autocast(ctx.device_type):
+            g = grad_out.to(torch.float32).reshape(ctx.rows, ctx.d)
+            xhat = restore(saved, torch.float32).reshape(ctx.rows, ctx.d)
+            if need_x:
+                gw = g if weight is None else g * weight.to(torch.float32)
+                c = (gw * xhat).mean(dim=1, keepdim=True)
+                grad_x = (rstd * (gw - xhat * c)).view(ctx.x_shape).to(ctx.x_dtype)
+            if need_w:
+                grad_w = (g * xhat).sum(0).to(ctx.w_dtype)
+        return grad_x, grad_w, None, None, None, None, None
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    save: str = "int8",
+    keep_ratio: float = 0.1,
+    group_size: int = 128,
+    stochastic: bool = False,
+) -> torch.Tensor:
+    """LlamaRMSNorm's `weight * (x * rsqrt(mean(x², -1) + eps))` (computed in fp32, cast back to
+    x.dtype before the weight), bit-identical to it, saving x_hat per `save` ('int8' | 'topk' |
+    'full') plus fp32 rstd per row. weight: (D,) or None. Output dtype: PyTorch's promotion of
+    weight and x dtypes, as in the HF module."""
+    check_float("rms_norm", "input", x)
+    check_float("rms_norm", "weight", weight)
+    if save not in _MODES:
+        raise ValueError(f"slimfit.rms_norm: save must be one of {_MODES}, got {save!r}")
+    if save == "topk" and not (0.0 < keep_ratio <= 1.0):
+        raise ValueError(f"slimfit.rms_norm: keep_ratio must be in (0, 1], got {keep_ratio}")
+    check_group_size("rms_norm", group_size)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"slimfit.rms_norm: input must have a non-empty last dimension, got {tuple(x.shape)}")
+    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(
+            f"slimfit.rms_norm: mismatched shapes: weight {tuple(weight.shape)} must be ({x.shape[-1]},) "
+            f"for input {tuple(x.shape)}"
+        )
+    needs_graph = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+    if not needs_graph:
+        return _forward(x, weight, eps)[0]
+    return _RMSNorm.apply(x, weight, float(eps), save, float(keep_ratio), group_size, bool(stochastic))

@@ -1,0 +1,114 @@
+"""SiLU and the SwiGLU product silu(gate) * up, saving their inputs quantized.
+
+* `silu(x)`: forward is `F.silu(x)` exactly; x is saved as `bits`-bit codes per group. Backward is
+  the exact derivative silu'(x) = s + x·s·(1 − s), s = sigmoid(x), evaluated at the dequantized
+  input in fp32 (PyTorch's own `silu_backward`), cast to the input dtype.
+* `swiglu(gate, up)`: forward is `F.silu(gate) * up` exactly (what LlamaMLP / MistralMLP /
+  Qwen2MLP compute between their projections). Plain PyTorch saves three full tensors for it
+  (gate for SiLU, silu(gate) and up for the product); this saves gate and up quantized and
+  recomputes silu in backward:
+      d_up   = g · silu(gate~)
+      d_gate = silu_backward(g · up~, gate~)        (gate~, up~: dequantized, fp32)
+  so both gradients are exact functions of the dequantized values. up is saved only when gate
+  needs a gradient (d_up needs gate alone).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (
+    backward_once, check_bits, check_float, check_group_size, compress_quantize, load, no_autocast,
+    restore, save,
+)
+
+__all__ = ["silu", "swiglu"]
+
+
+class _SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bits, group_size, stochastic):
+        with no_autocast(x.device.type):
+            out = F.silu(x)
+        save(ctx, compress_quantize(x, bits, group_size, stochastic))
+        ctx.device_type = x.device.type
+        return out
+
+    @staticmethod
+    @backward_once("silu")
+    def backward(ctx, grad_out):
+        (q,) = load(ctx)
+        with no_autocast(ctx.device_type):
+            x = restore(q, torch.float32)
+            grad = torch.ops.aten.silu_backward(grad_out.to(torch.float32), x)
+        return grad.to(q.dtype), None, None, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, gate_bits, up_bits, group_size, stochastic):
+        with no_autocast(gate.device.type):
+            out = F.silu(gate) * up
+        need_gate = ctx.needs_input_grad[0]
+        saved_up = compress_quantize(up, up_bits, group_size, stochastic) if need_gate else None
+        save(ctx, compress_quantize(gate, gate_bits, group_size, stochastic), saved_up)
+        ctx.device_type = gate.device.type
+        ctx.up_dtype = up.dtype
+        return out
+
+    @staticmethod
+    @backward_once("swiglu")
+    def backward(ctx, grad_out):
+        q_gate, q_up = load(ctx)
+        need_gate, need_up = ctx.needs_input_grad[:2]
+        grad_gate = grad_up = None
+        with no_autocast(ctx.device_type):
+            g = grad_out.to(torch.float32)
+            gate = restore(q_gate, torch.float32)
+            if need_up:
+                grad_up = (g * F.silu(gate)).to(ctx.up_dtype)
+            if need_gate:
+                up = restore(q_up, torch.float32)
+                grad_gate = torch.ops.aten.silu_backward(g * up, gate).to(q_gate.dtype)
+        return grad_gate, grad_up, None, None, None, None
+
+
+def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: bool = False) -> torch.Tensor:
+    """`F.silu(x)` saving x as `bits`-bit (8/4/2) codes per group of `group_size`.
+
+    Output dtype = input dtype (SiLU is not cast by autocast, as in PyTorch)."""
+    check_float("silu", "input", x)
+    check_bits("silu", "bits", bits)
+    check_group_size("silu", group_size)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return F.silu(x)
+    return _SiLU.apply(x, bits, group_size, bool(stochastic))
+
+
+def swiglu(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    *,
+    bits: int = 4,
+    up_bits: int | None = None,
+    group_size: int = 128,
+    stochastic: bool = False,
+) -> torch.Tensor:
+    """`F.silu(gate) * up` saving gate at `bits` and up at `up_bits` (default: `bits`) bits per
+    element, per group of `group_size`; backward recomputes silu at the dequantized gate.
+
+    gate and up must have the same shape (the two projections of a SwiGLU MLP). Output dtype:
+    PyTorch's type promotion of the two (the same dtype in a model)."""
+    check_float("swiglu", "gate", gate)
+    check_float("swiglu", "up", up)
+    up_bits = bits if up_bits is None else up_bits
+    check_bits("swiglu", "bits", bits)
+    check_bits("swiglu", "up_bits", up_bits)
+    check_group_size("swiglu", group_size)
+    if tuple(gate.shape) != tuple(up.shape):
+        raise ValueError(
+            f"slimfit.swiglu: mismatched shapes: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be equal"
+        )
+    if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+        return F.silu(gate) * up
+    return _SwiGLU.apply(gate, up, bits, up_bits, group_size, bool(stochastic))
