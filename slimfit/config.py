@@ -9,6 +9,10 @@ _LAYERNORM_SAVES = ("full", "int8", "topk")
 _PROBS = ("full", "topk", "int8", "int4")
 _DROPOUT = ("torch", "seed", "bitmask")
 _GROUP_SIZES = (32, 64, 128, 256)
+_SAMPLING = (None, "wta_crs", "crs")
+_SAMPLE_TARGETS = ("paper", "all")
+_SAMPLE_NORMS = ("token", "sample")
+_SAMPLE_DEFAULTS = {"sample_ratio": 0.3, "sample_min_rows": 10, "sample_targets": "paper", "sample_norms": "token"}
 
 
 @dataclass(frozen=True)
@@ -18,9 +22,11 @@ class SlimFitConfig:
 
     linear_input_bits   saved input of trainable linear layers: None (full), 8 or 4 bits
     ffn_out_input_bits  saved input of the FFN output projection (the GELU output); None = as linear_input_bits
-    gelu_bits           saved GELU input: None leaves GELU alone, else 8/4/2 bits
-    layernorm           what a LayerNorm with trainable weight saves: 'full' (x̂ + rstd), 'int8', 'topk'
-    layernorm_frozen    what a LayerNorm with frozen weight saves
+    gelu_bits           saved GELU input: None leaves GELU alone, else 8/4 bits
+    silu_bits           saved SiLU input, and gate and up of a SwiGLU MLP's silu(gate) * up (Llama, Mistral,
+                        Qwen2): None leaves them alone, else 8/4 bits (same semantics as gelu_bits)
+    layernorm           what a LayerNorm / RMSNorm with trainable weight saves: 'full' (x̂ + rstd), 'int8', 'topk'
+    layernorm_frozen    what a LayerNorm / RMSNorm with frozen weight saves
     layernorm_keep_ratio  fraction of each row kept by 'topk'
     attention           route attention through slimfit's core (Q/K/V and P compressed)
     qkv_bits            saved Q, K, V: None (full) or 8/4 bits
@@ -31,11 +37,22 @@ class SlimFitConfig:
     group_size          quantization group size (32, 64, 128, 256)
     stochastic          stochastic rounding (unbiased) instead of round-to-nearest
     check_finite        raise on NaN/Inf activations (one host sync per quantize on CUDA)
+    linear_sampling     estimate the weight gradient of target linears from sampled token rows
+                        (docs/wta_crs.md): None (off), 'wta_crs' or 'crs'
+    sample_ratio        fraction of token rows kept by the sampled linears, in (0, 1]
+    sample_min_rows     keep at least this many rows (an int >= 1)
+    sample_targets      'paper' (attention output projection and the FFN linears of a known family, never
+                        Q/K/V) or 'all' (every linear layer)
+    sample_norms        stale gradient norms kept per 'token' or one per 'sample' (NormCache per_token)
+
+    Convolutions (nn.Conv1d/2d/3d) with a frozen weight always take a lossless fast path that saves
+    no activation (slimfit.autograd.conv); there is nothing to configure.
     """
 
     linear_input_bits: int | None = None
     ffn_out_input_bits: int | None = None
     gelu_bits: int | None = None
+    silu_bits: int | None = None
     layernorm: str = "full"
     layernorm_frozen: str = "full"
     layernorm_keep_ratio: float = 0.1
@@ -48,15 +65,21 @@ class SlimFitConfig:
     group_size: int = 128
     stochastic: bool = False
     check_finite: bool = True
+    linear_sampling: str | None = None
+    sample_ratio: float = 0.3
+    sample_min_rows: int = 10
+    sample_targets: str = "paper"
+    sample_norms: str = "token"
 
     def __post_init__(self):
-        for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "qkv_bits"):
+        for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits", "qkv_bits"):
             value = getattr(self, name)
-            if value not in _BITS:
+            if isinstance(value, bool) or value not in _BITS:
                 raise ValueError(f"SlimFitConfig.{name} must be one of {_BITS}, got {value!r}")
-        if self.gelu_bits == 2 or self.linear_input_bits == 2 or self.ffn_out_input_bits == 2:
+        if 2 in (self.gelu_bits, self.silu_bits, self.linear_input_bits, self.ffn_out_input_bits):
             # 2-bit saved inputs are available as a kernel but too lossy for gradients here.
-            raise ValueError("SlimFitConfig: 2-bit saved activations are not supported for linear/GELU; use 4 or 8")
+            raise ValueError("SlimFitConfig: 2-bit saved activations are not supported for linear/GELU/SiLU; "
+                             "use 4 or 8")
         for name in ("layernorm", "layernorm_frozen"):
             if getattr(self, name) not in _LAYERNORM_SAVES:
                 raise ValueError(f"SlimFitConfig.{name} must be one of {_LAYERNORM_SAVES}, got {getattr(self, name)!r}")
@@ -75,6 +98,27 @@ class SlimFitConfig:
                 "SlimFitConfig: qkv_bits / attn_probs / attn_dropout_on_v need attention=True "
                 "(they configure slimfit's attention core)"
             )
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        if self.linear_sampling not in _SAMPLING:
+            raise ValueError(f"SlimFitConfig.linear_sampling must be one of {_SAMPLING}, got {self.linear_sampling!r}")
+        ratio = self.sample_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0.0 < float(ratio) <= 1.0):
+            raise ValueError(f"SlimFitConfig.sample_ratio must be a number in (0, 1] (the fraction of token rows "
+                             f"kept for the weight gradient), got {ratio!r}")
+        k_min = self.sample_min_rows
+        if isinstance(k_min, bool) or not isinstance(k_min, int) or k_min < 1:
+            raise ValueError(f"SlimFitConfig.sample_min_rows must be an int >= 1, got {k_min!r}")
+        if self.sample_targets not in _SAMPLE_TARGETS:
+            raise ValueError(f"SlimFitConfig.sample_targets must be one of {_SAMPLE_TARGETS}, got {self.sample_targets!r}")
+        if self.sample_norms not in _SAMPLE_NORMS:
+            raise ValueError(f"SlimFitConfig.sample_norms must be one of {_SAMPLE_NORMS}, got {self.sample_norms!r}")
+        if self.linear_sampling is None:
+            changed = [k for k, v in _SAMPLE_DEFAULTS.items() if getattr(self, k) != v]
+            if changed:
+                raise ValueError(f"SlimFitConfig: {', '.join(changed)} only apply with linear_sampling='wta_crs' "
+                                 "or 'crs' (they configure the sampled weight gradients)")
 
     def replace(self, **changes) -> "SlimFitConfig":
         return dataclasses.replace(self, **changes)
@@ -89,10 +133,13 @@ class SlimFitConfig:
     def paper(cls) -> "SlimFitConfig":
         """The settings of the SlimFit research code: 4-bit GELU input, 8-bit Q/K/V, P pruned
         top-10%, LayerNorm x̂ top-10% when frozen, 8-bit input of the FFN output projection.
-        (Their fixed-point formats are replaced by per-group min/max: more accurate at equal bits.)"""
+        (Their fixed-point formats are replaced by per-group min/max: more accurate at equal bits.)
+        Llama-family models get the same treatment: 4-bit SiLU / SwiGLU inputs (as GELU's), RMSNorm
+        x̂ as LayerNorm's."""
         return cls(
             ffn_out_input_bits=8,
             gelu_bits=4,
+            silu_bits=4,
             layernorm="full",
             layernorm_frozen="topk",
             layernorm_keep_ratio=0.1,
@@ -112,8 +159,15 @@ class SlimFitConfig:
         return cls.paper().replace(linear_input_bits=8, layernorm="int8", attn_probs="int8")
 
     @classmethod
+    def wta_crs(cls) -> "SlimFitConfig":
+        """paper() plus WTA-CRS sampled weight gradients (30% of the token rows) for the attention
+        output projection and the FFN linears (docs/wta_crs.md). Pass sample ids (dataset indices)
+        for the variance reduction: `model(**batch, sample_ids=idx)`."""
+        return cls.paper().replace(linear_sampling="wta_crs", sample_ratio=0.3)
+
+    @classmethod
     def preset(cls, name: str) -> "SlimFitConfig":
-        presets = {"exact": cls.exact, "paper": cls.paper, "aggressive": cls.aggressive}
+        presets = {"exact": cls.exact, "paper": cls.paper, "aggressive": cls.aggressive, "wta_crs": cls.wta_crs}
         if name not in presets:
             raise ValueError(f"unknown SlimFitConfig preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

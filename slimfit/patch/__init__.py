@@ -9,16 +9,22 @@ from torch import nn
 from ..config import SlimFitConfig
 from . import hf_attention
 from .families import family_for
+from ..autograd.norm_cache import NormCache
 from .modules import (
     OPTIONS,
     ORIGINAL_CLASS,
     Conv1DMixin,
+    ConvMixin,
     DropoutMixin,
     GELUMixin,
     LayerNormMixin,
     LinearMixin,
+    RMSNormMixin,
+    SiLUMixin,
+    SwiGLUMixin,
     patched_class,
 )
+from .sampling import NORM_CACHE, SampleIds, install_hooks, norm_caches, sample_ids
 from .summary import PatchSummary
 
 MODEL_STATE = "_slimfit_state"
@@ -39,6 +45,26 @@ def _gelu_kinds() -> dict:
     return kinds
 
 
+def _silu_classes() -> tuple:
+    classes = [nn.SiLU]
+    try:
+        from transformers.activations import SiLUActivation
+
+        classes.append(SiLUActivation)
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
+# Modules whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and RMSNorms whose
+# forward is exactly LlamaRMSNorm's (fp32 x * rsqrt(mean(x²) + eps), cast back, times weight). Checked
+# against the installed transformers' modeling code; other variants (Gemma's (1 + w), fused gate_up
+# projections) are left alone and reported.
+SWIGLU_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP")
+LLAMA_RMSNORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
 def _conv1d_class():
     try:
         from transformers.pytorch_utils import Conv1D
@@ -49,12 +75,10 @@ def _conv1d_class():
 
 
 _NOT_COMPRESSED = {
-    "SiLU": "SiLU activation has no compressed implementation (saved as in PyTorch)",
-    "SiLUActivation": "SiLU activation has no compressed implementation (saved as in PyTorch)",
     "QuickGELUActivation": "QuickGELU is not GELU (saved as in PyTorch)",
     "FastGELUActivation": "FastGELU's formula differs from GELU (saved as in PyTorch)",
-    "Conv2d": "convolutions are left alone",
 }
+_RMSNORM_UNKNOWN = "RMSNorm variant whose formula slimfit does not know (saved as in PyTorch)"
 
 
 def _swap(module: nn.Module, mixin: type, options: dict) -> None:
@@ -83,18 +107,31 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
     family = family_for(model)
     summary = PatchSummary(family=family.name if family else "generic")
     gelu_kinds = _gelu_kinds()
+    silu_classes = _silu_classes()
     conv1d = _conv1d_class()
     common = {"group_size": config.group_size, "stochastic": config.stochastic}
+    norm_options = {"save": config.layernorm, "save_frozen": config.layernorm_frozen,
+                    "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size}
+    norms_full = config.layernorm == "full" and config.layernorm_frozen == "full"
+    holder = SampleIds() if config.linear_sampling else None
+    inside_swiglu: set = set()  # act_fn modules a patched SwiGLU MLP computes itself
 
     for name, module in model.named_modules():
         cls = type(module)
-        if hasattr(module, ORIGINAL_CLASS):
+        if hasattr(module, ORIGINAL_CLASS) or id(module) in inside_swiglu:
             continue
         if cls is nn.Linear or cls.__name__ == "NonDynamicallyQuantizableLinear" or (conv1d is not None and cls is conv1d):
             is_ffn_out = family is not None and family.is_ffn_out(name)
             bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
-            _swap(module, Conv1DMixin if cls is conv1d else LinearMixin, {"input_bits": bits, **common})
-            summary.patched.append((name, "linear", f"input {bits or 'full'}{'-bit' if bits else ''}, frozen fast path"))
+            options = {"input_bits": bits, **common}
+            mode = f"input {bits or 'full'}{'-bit' if bits else ''}"
+            if holder is not None and _is_sample_target(config, family, name):
+                options["sampling"] = {"sampler": config.linear_sampling, "ratio": float(config.sample_ratio),
+                                       "k_min": config.sample_min_rows, "ids": holder, "name": name}
+                setattr(module, NORM_CACHE, NormCache(per_token=config.sample_norms == "token"))
+                mode += f", {config.linear_sampling} {config.sample_ratio:.0%} of rows"
+            _swap(module, Conv1DMixin if cls is conv1d else LinearMixin, options)
+            summary.patched.append((name, "linear", mode + ", frozen fast path"))
         elif cls in gelu_kinds:
             approx = gelu_kinds[cls] if gelu_kinds[cls] is not None else module.approximate
             if config.gelu_bits is None:
@@ -102,26 +139,72 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
                 continue
             _swap(module, GELUMixin, {"bits": config.gelu_bits, "approximate": approx, **common})
             summary.patched.append((name, "gelu", f"{config.gelu_bits}-bit input ({approx})"))
+        elif cls in silu_classes:
+            if config.silu_bits is None:
+                summary.skipped.append((name, cls.__name__, "silu_bits=None"))
+                continue
+            _swap(module, SiLUMixin, {"bits": config.silu_bits, **common})
+            summary.patched.append((name, "silu", f"{config.silu_bits}-bit input"))
+        elif cls.__name__ in SWIGLU_MLPS:
+            act = getattr(module, "act_fn", None)
+            if config.silu_bits is None:
+                summary.skipped.append((name, cls.__name__, "silu_bits=None (SwiGLU product saved as in PyTorch)"))
+                continue
+            if type(act) not in silu_classes:
+                summary.skipped.append((name, cls.__name__, f"act_fn is {type(act).__name__}, not SiLU: MLP left "
+                                        "as is (its activation is patched on its own if slimfit knows it)"))
+                continue
+            inside_swiglu.add(id(act))
+            _swap(module, SwiGLUMixin, {"bits": config.silu_bits, **common})
+            summary.patched.append((name, "swiglu", f"gate and up {config.silu_bits}-bit"))
         elif cls is nn.LayerNorm:
-            if config.layernorm == "full" and config.layernorm_frozen == "full":
+            if norms_full:
                 summary.skipped.append((name, cls.__name__, "layernorm saves in full"))
                 continue
-            _swap(module, LayerNormMixin, {"save": config.layernorm, "save_frozen": config.layernorm_frozen,
-                                           "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size})
+            _swap(module, LayerNormMixin, dict(norm_options))
             summary.patched.append((name, "layernorm", f"{config.layernorm}/{config.layernorm_frozen} when frozen"))
+        elif cls.__name__ in LLAMA_RMSNORMS:
+            if norms_full:
+                summary.skipped.append((name, cls.__name__, "layernorm saves in full (RMSNorm saved as in PyTorch)"))
+                continue
+            _swap(module, RMSNormMixin, dict(norm_options))
+            summary.patched.append((name, "rmsnorm", f"{config.layernorm}/{config.layernorm_frozen} when frozen"))
+        elif cls in _CONVS:
+            if module.padding_mode != "zeros" or module.padding == "same":
+                summary.skipped.append((name, cls.__name__, f"padding {module.padding!r} / padding_mode "
+                                        f"{module.padding_mode!r}: left alone (the fast path needs zero padding)"))
+                continue
+            _swap(module, ConvMixin, {})
+            summary.patched.append((name, "conv", "frozen fast path (trainable: as PyTorch)"))
         elif cls is nn.Dropout:
             if config.dropout == "torch":
                 continue
             _swap(module, DropoutMixin, {"mode": config.dropout})
             summary.patched.append((name, "dropout", config.dropout))
         elif cls.__name__ in _NOT_COMPRESSED or "RMSNorm" in cls.__name__:
-            reason = _NOT_COMPRESSED.get(cls.__name__, "RMSNorm has no compressed implementation (saved as in PyTorch)")
-            summary.skipped.append((name, cls.__name__, reason))
+            summary.skipped.append((name, cls.__name__, _NOT_COMPRESSED.get(cls.__name__, _RMSNORM_UNKNOWN)))
 
+    hooks = []
+    if holder is not None:
+        if not any(kind == "linear" and "of rows" in mode for _, kind, mode in summary.patched):
+            why = ("sample_targets='paper' needs a known family (use sample_targets='all')" if family is None
+                   else "no linear layer matches the family's sampling targets")
+            summary.skipped.append(("<sampling>", type(model).__name__, why))
+        hooks = install_hooks(model, holder)
     if config.attention:
         summary.attention = _patch_attention(model, config, summary)
-    setattr(model, MODEL_STATE, {"config": config, "summary": summary})
+    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder, "hooks": hooks})
     return model, summary
+
+
+def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
+    """Whether the linear `name` gets sampled weight gradients: every one for sample_targets='all';
+    for 'paper', the family's attention-output and FFN linears. Under PEFT LoRA, a target's
+    base_layer (frozen: fast path anyway) and lora_A (its input is the full-width activation) are
+    sampled, lora_B (input: r values per token) is not."""
+    if config.sample_targets == "all":
+        return True
+    return family is not None and family.is_sample_target(name)
 
 
 def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary) -> str | None:
@@ -165,12 +248,16 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is None:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
         return model
+    for handle in state.get("hooks", ()):
+        handle.remove()
     for module in model.modules():
         original = getattr(module, ORIGINAL_CLASS, None)
         if original is not None:
             module.__class__ = original
             delattr(module, ORIGINAL_CLASS)
             delattr(module, OPTIONS)
+        if hasattr(module, NORM_CACHE):
+            delattr(module, NORM_CACHE)
         if hasattr(module, hf_attention.ATTENTION_OPTIONS):
             delattr(module, hf_attention.ATTENTION_OPTIONS)
     if state["summary"].attention:
@@ -180,4 +267,9 @@ def unpatch(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["patch", "unpatch", "PatchSummary"]
+# `slimfit.patch` is this function at the package level (slimfit/__init__.py), so the sampling helpers
+# are also reachable from it: slimfit.patch.sample_ids(model, ids), slimfit.patch.norm_caches(model).
+patch.sample_ids = sample_ids
+patch.norm_caches = norm_caches
+
+__all__ = ["patch", "unpatch", "PatchSummary", "sample_ids", "norm_caches"]

@@ -13,6 +13,11 @@ import torch
 from torch import nn
 
 from .. import autograd as sf
+from ..autograd.conv import conv
+from ..autograd.rmsnorm import rms_norm
+from ..autograd.sampled_linear import sampled_linear
+from ..autograd.silu import silu, swiglu
+from .sampling import NORM_CACHE
 
 ORIGINAL_CLASS = "_slimfit_original_class"
 OPTIONS = "_slimfit"
@@ -43,16 +48,28 @@ def _original_forward(module: nn.Module, *args):
     return getattr(module, ORIGINAL_CLASS).forward(module, *args)
 
 
+def _linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """slimfit's linear, or its WTA-CRS sampled version when the layer is a sampling target and its
+    weight trains (a frozen weight takes the frozen fast path either way)."""
+    o = getattr(module, OPTIONS)
+    s = o.get("sampling")
+    if s is not None and weight.requires_grad:
+        ids = s["ids"].for_input(x, s["name"])
+        return sampled_linear(x, weight, module.bias, ratio=s["ratio"], k_min=s["k_min"], sampler=s["sampler"],
+                              sample_ids=ids, norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
+                              input_bits=o["input_bits"], group_size=o["group_size"], stochastic=o["stochastic"])
+    return sf.linear(x, weight, module.bias, input_bits=o["input_bits"], group_size=o["group_size"],
+                     stochastic=o["stochastic"])
+
+
 class LinearMixin:
     """Frozen weight: saves nothing, no weight-gradient GEMM. Trainable: saves the input
-    in full or quantized (options['input_bits'])."""
+    in full or quantized (options['input_bits']), or only sampled rows of it (options['sampling'])."""
 
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        return sf.linear(x, self.weight, self.bias, input_bits=o["input_bits"], group_size=o["group_size"],
-                         stochastic=o["stochastic"])
+        return _linear(self, x, self.weight)
 
 
 class Conv1DMixin:
@@ -61,9 +78,7 @@ class Conv1DMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        return sf.linear(x, self.weight.t(), self.bias, input_bits=o["input_bits"], group_size=o["group_size"],
-                         stochastic=o["stochastic"])
+        return _linear(self, x, self.weight.t())
 
 
 class GELUMixin:
@@ -75,6 +90,52 @@ class GELUMixin:
         o = getattr(self, OPTIONS)
         return sf.gelu(x, bits=o["bits"], approximate=o["approximate"], group_size=o["group_size"],
                        stochastic=o["stochastic"])
+
+
+class SiLUMixin:
+    """Saves the SiLU input quantized; backward uses the exact derivative at the dequantized input."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        return silu(x, bits=o["bits"], group_size=o["group_size"], stochastic=o["stochastic"])
+
+
+class SwiGLUMixin:
+    """A SwiGLU MLP (LlamaMLP, MistralMLP, Qwen2MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) with
+    act_fn SiLU) whose product silu(gate) * up saves gate and up quantized instead of three full tensors.
+    The projections are called in the original order, so their own patches apply as usual."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=o["bits"], group_size=o["group_size"],
+                   stochastic=o["stochastic"])
+        return self.down_proj(h)
+
+
+class RMSNormMixin:
+    """Llama-layout RMSNorm saving x̂ (compressed by what the weight's requires_grad selects) and rstd."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        o = getattr(self, OPTIONS)
+        save = o["save"] if self.weight.requires_grad else o["save_frozen"]
+        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=o["keep_ratio"],
+                        group_size=o["group_size"])
+
+
+class ConvMixin:
+    """nn.Conv1d/2d/3d: frozen weight -> nothing saved (slimfit.autograd.conv); trainable -> PyTorch's."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled() or self.weight.requires_grad:
+            return _original_forward(self, x)
+        padding = 0 if self.padding == "valid" else self.padding
+        return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
 
 class LayerNormMixin:

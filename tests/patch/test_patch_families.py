@@ -100,8 +100,11 @@ def test_summary_names_what_was_left_alone():
     model, _ = build("llama")
     _, summary = slimfit.patch(model, SlimFitConfig.paper())
     text = str(summary)
-    assert "RMSNorm" in text and "linear" in text
+    assert "rmsnorm" in text and "swiglu" in text and "linear" in text
     assert summary.attention == "slimfit_sdpa"
+    _, summary = slimfit.patch(build("llama")[0], SlimFitConfig.exact())
+    text = str(summary)
+    assert "LlamaRMSNorm: layernorm saves in full" in text and "LlamaMLP: silu_bits=None" in text
 
 
 def test_to_half_and_train_eval_after_patch():

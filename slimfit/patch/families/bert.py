@@ -7,4 +7,6 @@ FAMILY = Family(
     model_types=("bert", "roberta", "electra", "camembert", "xlm-roberta"),
     ffn_out_suffixes=(".output.dense",),
     notes=("attention through the transformers attention registry",),
+    # ".output.dense" also matches the attention output projection ".attention.output.dense"
+    sampled_suffixes=(".output.dense", ".intermediate.dense"),
 )

@@ -1,0 +1,114 @@
+"""Sample ids for the WTA-CRS sampled linears of a patched model (docs/wta_crs.md).
+
+A model patched with `linear_sampling` gets one `SampleIds` holder shared by all its sampled
+linears. The ids of the current batch reach it in one of two ways:
+
+    loss = model(**batch, sample_ids=batch_indices).loss        # popped by a root forward pre-hook
+    with slimfit.patch.sample_ids(model, batch_indices):        # or a context manager
+        loss = model(**batch).loss
+
+One id per entry of the input's first dimension (the data loader's dataset indices). Without ids
+the sampling probabilities are pᵢ ∝ ‖xᵢ‖ (a one-time warning says so); with them each layer's
+`NormCache` supplies the stale gradient norms of the sample's rows from its previous visit.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+NORM_CACHE = "_slimfit_norm_cache"
+
+_NO_IDS_WARNING = (
+    "slimfit: linear_sampling runs without sample ids, so rows are drawn with p ∝ ‖x‖ only (no stale "
+    "gradient norms: the variance of plain CRS, often worse than uniform on padded text). Pass the "
+    "batch's dataset indices: model(**batch, sample_ids=idx) or `with slimfit.patch.sample_ids(model, idx):`."
+)
+
+
+def _as_cpu_ids(ids):
+    """Ids as given, but a tensor moved to the CPU as int64 once per forward (not once per layer)."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"slimfit: sample_ids must be integers, got dtype {ids.dtype}")
+        return ids.detach().reshape(-1).to("cpu", torch.int64)
+    return ids
+
+
+class SampleIds:
+    """The ids of the batch being run, shared by the sampled linears of one model."""
+
+    def __init__(self):
+        self._stack: list = []
+        self._warned: set = set()
+
+    @property
+    def current(self):
+        return self._stack[-1] if self._stack else None
+
+    def push(self, ids) -> None:
+        self._stack.append(None if ids is None else _as_cpu_ids(ids))
+
+    def pop(self) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def for_input(self, x: torch.Tensor, module_name: str):
+        """The ids for a layer input x (None, with a one-time warning, when absent or not one per
+        entry of x's first dimension)."""
+        ids = self.current
+        if ids is None:
+            self.warn_once("no-ids", _NO_IDS_WARNING)
+            return None
+        n = ids.numel() if isinstance(ids, torch.Tensor) else len(ids)
+        batch = x.shape[0] if x.dim() >= 2 else 1
+        if n != batch:
+            self.warn_once(("mismatch", module_name),
+                           f"slimfit: {n} sample ids for a batch of {batch} at {module_name} (input "
+                           f"{tuple(x.shape)}); this layer samples without ids (p ∝ ‖x‖)")
+            return None
+        return ids
+
+    def warn_once(self, key, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
+
+def install_hooks(model: torch.nn.Module, holder: SampleIds) -> list:
+    """Root forward hooks: pop `sample_ids=` from the model's keyword arguments for this forward."""
+
+    def pre(module, args, kwargs):
+        holder.push(kwargs.pop("sample_ids", None) if "sample_ids" in kwargs else holder.current)
+        return args, kwargs
+
+    def post(module, args, kwargs, output):
+        holder.pop()
+
+    return [model.register_forward_pre_hook(pre, with_kwargs=True),
+            model.register_forward_hook(post, with_kwargs=True, always_call=True)]
+
+
+@contextlib.contextmanager
+def sample_ids(model: torch.nn.Module, ids):
+    """Run the forward passes inside the block with these sample ids (one per entry of the batch)."""
+    from . import MODEL_STATE
+
+    state = getattr(model, MODEL_STATE, None)
+    if state is None:
+        raise RuntimeError("slimfit.patch.sample_ids: the model is not patched (call slimfit.patch first)")
+    holder = state.get("sample_ids")
+    if holder is None:  # patched without linear_sampling: nothing reads ids
+        yield
+        return
+    holder.push(ids)
+    try:
+        yield
+    finally:
+        holder.pop()
+
+
+def norm_caches(model: torch.nn.Module) -> dict:
+    """{module name: NormCache} of the sampled linears (for checkpoints: `cache.state_dict()`)."""
+    return {name: getattr(m, NORM_CACHE) for name, m in model.named_modules() if hasattr(m, NORM_CACHE)}
