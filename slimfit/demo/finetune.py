@@ -5,6 +5,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
@@ -18,17 +19,45 @@ class RunResult:
     step_ms: float                   # median training-step time
     frozen_share: float              # mean share of scheduled layers frozen per step
     losses: list = field(default_factory=list)
+    trainable_params: int = 0        # parameters that require grad when training starts
 
 
-def _batches(data, batch_size: int, steps: int, seed: int):
-    order = list(range(len(data)))
+@dataclass
+class Prepared:
+    """What a method makes of a freshly loaded model before training: the model to train (it
+    may be a wrapper, e.g. a PEFT model), an optional freezing scheduler, a display name and an
+    optional callback told the dataset indices of each batch before its forward (sample ids)."""
+    model: object
+    scheduler: object = None
+    name: str = ""
+    on_batch: Optional[Callable] = None
+
+
+def prepare_preset(preset: str | None, rate: float) -> Callable:
+    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` + the scheduler at `rate`."""
+
+    def prepare(model, seed: int) -> Prepared:
+        import slimfit
+        from slimfit.scheduler import ILSScheduler
+
+        if preset is None:
+            return Prepared(model, None, "plain PyTorch")
+        slimfit.patch(model, slimfit.SlimFitConfig.preset(preset))
+        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed), f"slimfit {preset}, rate {rate}")
+
+    return prepare
+
+
+def _batches(n: int, batch_size: int, steps: int, seed: int):
+    """`steps` lists of dataset indices: seeded epochs of shuffled order, the ragged tail dropped."""
+    order = list(range(n))
     rng = random.Random(seed)
-    pos = len(order)
+    pos = n
     for _ in range(steps):
-        if pos + batch_size > len(order):
+        if pos + batch_size > n:
             rng.shuffle(order)
             pos = 0
-        yield [data[i] for i in order[pos:pos + batch_size]]
+        yield order[pos:pos + batch_size]
         pos += batch_size
 
 
@@ -61,24 +90,26 @@ def evaluate(model, tokenizer, test, max_length: int, device, batch_size: int = 
     return correct / max(len(test), 1)
 
 
-def finetune(model_dir: str, train, test, *, preset: str | None, rate: float, steps: int, batch_size: int,
-             lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True) -> RunResult:
+def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.9, steps: int,
+             batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
+             prepare: Callable | None = None) -> RunResult:
     """Fine-tune from `model_dir`; preset None = plain PyTorch, else slimfit with that preset and
-    the freezing scheduler at `rate`. Same seed, same batches, same head initialisation."""
+    the freezing scheduler at `rate`; or any method given as `prepare(model, seed) -> Prepared`.
+    Same seed, same batches, same head initialisation."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    import slimfit
     from slimfit import memory
-    from slimfit.scheduler import ILSScheduler
 
+    prepare = prepare or prepare_preset(preset, rate)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2).to(device)
-    scheduler = None
-    if preset is not None:
-        slimfit.patch(model, slimfit.SlimFitConfig.preset(preset))
-        scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    prepared = prepare(model, seed)
+    model, scheduler = prepared.model, prepared.scheduler
+    # The scheduler freezes and unfreezes layers as it goes: the optimizer must know them all.
+    params = list(model.parameters()) if scheduler is not None else [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
     if device.startswith("cuda"):
@@ -86,9 +117,11 @@ def finetune(model_dir: str, train, test, *, preset: str | None, rate: float, st
 
     model.train()
     times, losses, frozen = [], [], []
-    name = "plain PyTorch" if preset is None else f"slimfit {preset}, rate {rate}"
-    for batch_examples in _progress(_batches(train, batch_size, steps, seed), steps, name, progress):
-        batch = _encode(tokenizer, batch_examples, max_length, device)
+    name = prepared.name
+    for indices in _progress(_batches(len(train), batch_size, steps, seed), steps, name, progress):
+        batch = _encode(tokenizer, [train[i] for i in indices], max_length, device)
+        if prepared.on_batch is not None:
+            prepared.on_batch(indices)
         start = time.perf_counter()
         loss = model(**batch).loss
         loss.backward()
@@ -105,6 +138,8 @@ def finetune(model_dir: str, train, test, *, preset: str | None, rate: float, st
 
     # Saved-activation bytes of one training step on a fixed batch, in the final frozen state.
     probe = _encode(tokenizer, train[:batch_size], max_length, device)
+    if prepared.on_batch is not None:
+        prepared.on_batch(list(range(batch_size)))
     saved = memory.measure(model, **probe).total
     optimizer.zero_grad(set_to_none=True)
 
@@ -112,4 +147,4 @@ def finetune(model_dir: str, train, test, *, preset: str | None, rate: float, st
     warm = times[min(3, len(times) - 1):] or times
     return RunResult(name=name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
                      step_ms=1000 * statistics.median(warm), frozen_share=statistics.mean(frozen) if frozen else 0.0,
-                     losses=losses)
+                     losses=losses, trainable_params=n_trainable)
