@@ -1,0 +1,194 @@
+"""How MEFT reads each supported layer family: its attention block and its MLP block, built from
+the layer's own submodules (no modeling code copied), with optional adapters.
+
+Post-LN (BERT, RoBERTa, ELECTRA, ... `BertLayer` layout):
+    attn(x; φ)  = LN_att(x + o + φ(o)),          o = dropout(W_o · SelfAttention(x))
+    mlp(u; ψ)   = LN_out(u + dropout(W_2 act(W_1 u)) + ψ(u))
+Pre-LN (GPT-2 `GPT2Block`):
+    attn(x; φ)  = x + o + φ(o),                   o = resid_dropout(c_proj · Attention(ln_1 x))
+    mlp(u; ψ)   = u + MLP(ln_2 u) + ψ(ln_2 u)
+Without adapters (φ = ψ = 0) `mlp(attn(x))` is the pretrained layer, op for op. "The layer" in
+MEFT's F or G is always this whole function, residual connections and LayerNorms included.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+
+class UnsupportedModel(TypeError):
+    pass
+
+
+def _activation(name_or_fn) -> nn.Module:
+    if isinstance(name_or_fn, nn.Module):
+        return type(name_or_fn)() if _default_constructible(type(name_or_fn)) else name_or_fn
+    from transformers.activations import ACT2FN
+
+    if isinstance(name_or_fn, str):
+        return ACT2FN[name_or_fn]
+    raise UnsupportedModel(f"slimfit.reversible: cannot build an adapter activation from {name_or_fn!r}")
+
+
+def _default_constructible(cls) -> bool:
+    try:
+        cls()
+        return True
+    except TypeError:
+        return False
+
+
+class Family:
+    name = ""
+    layer_hint = ""
+    prenorm = False
+    # names of the layer forward's arguments that MEFT cannot pass through (cross-attention)
+    cross_args = ("encoder_hidden_states",)
+
+    def matches(self, layer: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def check(self, layer: nn.Module) -> None:
+        """Raise UnsupportedModel for a matching layer in a configuration MEFT does not handle."""
+
+    def hidden_size(self, layer: nn.Module) -> int:
+        raise NotImplementedError
+
+    def adapter_activation(self, layer: nn.Module) -> nn.Module:
+        raise NotImplementedError
+
+    def adapter_dropout(self, layer: nn.Module) -> float:
+        raise NotImplementedError
+
+    def attn(self, layer, x, attn_kwargs: dict, adapter=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mlp(self, layer, u, adapter=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def bind(self, original_forward, layer, hidden_states, args, kwargs) -> dict:
+        """The layer call's arguments -> keyword arguments for the attention module."""
+        sig = inspect.signature(original_forward)
+        bound = sig.bind(layer, hidden_states, *args, **kwargs)
+        bound.apply_defaults()
+        params = list(sig.parameters.values())
+        named = dict(bound.arguments)
+        for p in params[:2]:  # self, hidden_states
+            named.pop(p.name, None)
+        extra = {}
+        for p in params:
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                extra = named.pop(p.name, None) or {}
+            elif p.kind is inspect.Parameter.VAR_POSITIONAL and named.pop(p.name, ()):
+                raise TypeError(f"slimfit.reversible: unexpected positional arguments for {type(layer).__name__}")
+        for name in self.cross_args:
+            if named.pop(name, None) is not None or extra.pop(name, None) is not None:
+                raise NotImplementedError(
+                    f"slimfit.reversible: {type(layer).__name__} was called with {name} (cross-attention); "
+                    "MEFT conversion supports self-attention layers only")
+        named.pop("encoder_attention_mask", None)
+        named.update(extra)
+        named.pop("output_attentions", None)
+        return named
+
+
+class BertFamily(Family):
+    name = "bert"
+    layer_hint = "BERT-family encoder layers (BertLayer layout: BERT, RoBERTa, XLM-R, ELECTRA, MiniLM, ...)"
+
+    def matches(self, layer):
+        att = getattr(layer, "attention", None)
+        out = getattr(layer, "output", None)
+        return (att is not None and hasattr(att, "self") and hasattr(att, "output")
+                and all(hasattr(att.output, n) for n in ("dense", "dropout", "LayerNorm"))
+                and hasattr(layer, "intermediate") and out is not None
+                and all(hasattr(out, n) for n in ("dense", "dropout", "LayerNorm")))
+
+    def check(self, layer):
+        if getattr(layer, "add_cross_attention", False) or hasattr(layer, "crossattention"):
+            raise UnsupportedModel(
+                f"slimfit.reversible: {type(layer).__name__} has cross-attention; MEFT conversion supports "
+                "self-attention encoders/decoders only")
+
+    def hidden_size(self, layer):
+        return layer.output.dense.out_features
+
+    def _config(self, layer):
+        return getattr(layer.attention.self, "config", None)
+
+    def adapter_activation(self, layer):
+        cfg = self._config(layer)
+        if cfg is not None and isinstance(getattr(cfg, "hidden_act", None), str):
+            return _activation(cfg.hidden_act)
+        return _activation(layer.intermediate.intermediate_act_fn)
+
+    def adapter_dropout(self, layer):
+        return float(layer.output.dropout.p)
+
+    def attn(self, layer, x, attn_kwargs, adapter=None):
+        a, _ = layer.attention.self(x, **attn_kwargs)
+        out = layer.attention.output
+        h = out.dropout(out.dense(a))
+        if adapter is not None:
+            h = h + adapter(h)
+        return out.LayerNorm(h + x)
+
+    def mlp(self, layer, u, adapter=None):
+        out = layer.output
+        h = out.dropout(out.dense(layer.intermediate(u)))
+        if adapter is not None:
+            h = h + adapter(u)
+        return out.LayerNorm(h + u)
+
+
+class GPT2Family(Family):
+    name = "gpt2"
+    prenorm = True
+    layer_hint = "GPT-2 decoder blocks (GPT2Block)"
+
+    def matches(self, layer):
+        return all(hasattr(layer, n) for n in ("ln_1", "attn", "ln_2", "mlp")) and hasattr(layer.attn, "c_attn")
+
+    def check(self, layer):
+        if hasattr(layer, "crossattention"):
+            raise UnsupportedModel(
+                f"slimfit.reversible: {type(layer).__name__} has cross-attention (add_cross_attention=True); "
+                "MEFT conversion supports self-attention decoders only")
+
+    def hidden_size(self, layer):
+        return layer.ln_1.normalized_shape[0]
+
+    def adapter_activation(self, layer):
+        cfg = getattr(layer.attn, "config", None)
+        if cfg is not None and isinstance(getattr(cfg, "activation_function", None), str):
+            return _activation(cfg.activation_function)
+        return _activation(layer.mlp.act)
+
+    def adapter_dropout(self, layer):
+        return float(layer.mlp.dropout.p)
+
+    def attn(self, layer, x, attn_kwargs, adapter=None):
+        a, _ = layer.attn(layer.ln_1(x), **attn_kwargs)
+        if adapter is not None:
+            a = a + adapter(a)
+        return a + x
+
+    def mlp(self, layer, u, adapter=None):
+        z = layer.ln_2(u)
+        m = layer.mlp(z)
+        if adapter is not None:
+            m = m + adapter(z)
+        return u + m
+
+
+FAMILIES = (BertFamily(), GPT2Family())
+SUPPORTED = "; ".join(f.layer_hint for f in FAMILIES)
+
+
+def family_of_layer(layer: nn.Module) -> Family | None:
+    for fam in FAMILIES:
+        if fam.matches(layer):
+            return fam
+    return None
