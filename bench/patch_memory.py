@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Saved-activation bytes and step time of real model families patched with slimfit, on the CPU.
 
-    python bench/patch_memory.py               # BERT-base (seq 128) + ViT-B/16 (224), batch 2; writes
-                                               # bench/results/patch_memory_cpu.{csv,md}; ~5-10 min on 2 busy cores
+    python bench/patch_memory.py               # BERT-base (seq 128), ViT-B/16 (224), Llama-tiny and SmolLM-135M
+                                               # (Llama layout, seq 128), batch 2; writes
+                                               # bench/results/patch_memory_cpu.{csv,md}; ~15-20 min on 2 busy cores
     python bench/patch_memory.py --quick       # 2-layer models, seq 64, one timed run: a smoke check, writes nothing
     python bench/patch_memory.py --models bert --batch 4 --repeats 5 --threads 1 --cpu-timer process
 
-Models: `BertForSequenceClassification(BertConfig())` (BERT-base: 12 layers, hidden 768, 12 heads)
-and `ViTForImageClassification(ViTConfig())` (ViT-B/16 at 224x224), randomly initialised (the bytes
+Models: `BertForSequenceClassification(BertConfig())` (BERT-base: 12 layers, hidden 768, 12 heads),
+`ViTForImageClassification(ViTConfig())` (ViT-B/16 at 224x224), and two `LlamaForCausalLM`s (`slimfit memory`'s
+llama-tiny: 2 layers, hidden 64; smollm-135m: SmolLM-135M's sizes), randomly initialised (the bytes
 saved for backward do not depend on the weights' values), train mode, dropout on, fp32,
 `attn_implementation="sdpa"` (the transformers default) unless said otherwise.
 
@@ -18,6 +20,9 @@ Rows (one model object; patched and unpatched in turn, same parameters, same bat
   exact+frozen       slimfit.patch(model, SlimFitConfig.exact()) + the frozen set
   paper+frozen       slimfit.patch(model, SlimFitConfig.paper()) + the frozen set
   aggressive+frozen  slimfit.patch(model, SlimFitConfig.aggressive()) + the frozen set
+  wta_crs+frozen     slimfit.patch(model, SlimFitConfig.wta_crs()) + the frozen set (paper() + sampled weight
+                     gradients of the trainable attention-output / FFN linears, 30% of the rows; no sample ids:
+                     the bytes do not depend on them)
 
 Frozen set: what `ILSScheduler(model, freeze_rate=0.9, seed=0)` freezes at its first step, i.e. a
 seeded random 90% of its candidate layers (weight matrices, embeddings, LayerNorm weights; biases
@@ -37,6 +42,7 @@ import csv
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +70,7 @@ METHODS = {
     "exact+frozen": ("sdpa", "exact", True),
     "paper+frozen": ("sdpa", "paper", True),
     "aggressive+frozen": ("sdpa", "aggressive", True),
+    "wta_crs+frozen": ("sdpa", "wta_crs", True),
 }
 
 
@@ -100,8 +107,11 @@ def model_specs(args) -> list[tuple[str, mc.Architecture, dict]]:
                 arch = mc.Architecture(arch.name, arch.task, arch.config_class, arch.model_class,
                                        {**arch.config, "hidden_dropout_prob": args.vit_dropout,
                                         "attention_probs_dropout_prob": args.vit_dropout}, arch.about)
+        elif key in ("llama-tiny", "smollm", "smollm-135m"):
+            arch = mc.resolve(key)
+            label = "Llama-tiny" if key == "llama-tiny" else "SmolLM-135M"
         else:
-            raise SystemExit(f"--models: unknown model {key!r} (bert, vit)")
+            raise SystemExit(f"--models: unknown model {key!r} (bert, vit, llama-tiny, smollm)")
         if args.quick:
             arch = mc.Architecture(arch.name + "-2l", arch.task, arch.config_class, arch.model_class,
                                    {**arch.config, "num_hidden_layers": 2}, arch.about + " (2 layers)")
@@ -268,10 +278,23 @@ def top_modules(paper: Row, batch: int, md: bool, top: int) -> list[str]:
                   body, md, right=(1, 2, 3))
 
 
+def _llama_lines(rows: list[Row]) -> list[str]:
+    out = []
+    for model in dict.fromkeys(r.model for r in rows if r.model.startswith(("Llama", "SmolLM"))):
+        by = {r.method: r for r in rows if r.model == model and r.frozen_seed in (None, 0)}
+        plain, paper = by["plain"].run, by["paper+frozen"].run
+        root = plain.per_module.get("(root)", 0), paper.per_module.get("(root)", 0)
+        out.append(f"{model}: paper()+frozen saves {by['paper+frozen'].ratio:.2f}x fewer activation bytes than plain "
+                   f"(freezing alone {by['plain+frozen'].ratio:.2f}x, aggressive() {by['aggressive+frozen'].ratio:.2f}x, "
+                   f"wta_crs() {by['wta_crs+frozen'].ratio:.2f}x); without the loss's logits ((root), "
+                   f"{100 * root[0] / plain.total:.0f}% of plain): {(plain.total - root[0]) / (paper.total - root[1]):.2f}x")
+    return out
+
+
 def target_lines(rows: list[Row], quick: bool) -> list[str]:
     bert = [r for r in rows if r.model.startswith("BERT-base") and r.method == "paper+frozen"]
     if not bert:
-        return ["issue-5 target (BERT-base, paper(), 90% frozen, seq 128: >= 6x): not measured (BERT not run)"]
+        return _llama_lines(rows) + ["issue-5 target (BERT-base, paper(), 90% frozen, seq 128: >= 6x): not measured (BERT not run)"]
     main = next(r for r in bert if r.frozen_seed == 0)
     worst = min(r.ratio for r in bert)
     eager = next(r for r in rows if r.model == main.model and r.method == "plain-eager")
@@ -279,7 +302,7 @@ def target_lines(rows: list[Row], quick: bool) -> list[str]:
                                                                      else "NOT MET")
     qual = " (--quick: 2-layer model, not the target's configuration)" if quick else ""
     weights = ", ".join(f"{100 * r.frozen_weight_share:.0f}%" for r in bert)
-    return [f"issue-5 target: BERT-base + paper() + {main.frozen_layers}/{main.candidate_layers} layers frozen saves "
+    return _llama_lines(rows) + [f"issue-5 target: BERT-base + paper() + {main.frozen_layers}/{main.candidate_layers} layers frozen saves "
             f">= {TARGET:.0f}x fewer activation bytes than the unpatched model ({main.shape}): {verdict}{qual}",
             f"  paper()+frozen vs plain (sdpa, the transformers default): {main.ratio:.2f}x for the frozen set "
             f"of seed 0; "
@@ -296,7 +319,7 @@ def header_lines(args, load0, load1) -> list[str]:
         f"torch {v['torch']}, transformers {transformers.__version__}, python {v['python']}, slimfit "
         f"{slimfit.__version__}, CPU kernels: {backend_info()['cpu']}",
         f"date: {_timing.now()}; load average (1 min) at start {load0}, at end {load1}",
-        f"batch {args.batch}, seq {args.seq_len} (BERT), image {args.image_size or 224} (ViT), fp32, train mode; "
+        f"batch {args.batch}, seq {args.seq_len} (text models), image {args.image_size or 224} (ViT), fp32, train mode; "
         f"dropout: BERT 0.1, ViT {args.vit_dropout if args.vit_dropout is not None else '0.0 (ViTConfig default)'}; "
         f"freeze rate {args.freeze_rate}; timer {args.cpu_timer}, median of {args.repeats}",
     ]
@@ -393,7 +416,8 @@ NOTES = [
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="bert,vit", help="comma list of bert, vit (default both)")
+    ap.add_argument("--models", default="bert,vit,llama-tiny,smollm",
+                    help="comma list of bert, vit, llama-tiny, smollm (default all four)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128, help="BERT sequence length (default 128)")
     ap.add_argument("--image-size", type=int, default=None, help="ViT image side (default 224)")
@@ -411,6 +435,8 @@ def main(argv=None) -> int:
                     help="where to write patch_memory_cpu.{csv,md} (default bench/results; --quick writes nothing "
                          "unless given)")
     args = ap.parse_args(argv)
+    # wta_crs+frozen runs without sample ids on purpose (the saved bytes do not depend on them)
+    warnings.filterwarnings("ignore", message="slimfit: linear_sampling runs without sample ids")
     if args.quick:
         args.seq_len = min(args.seq_len, 64)
         args.repeats = min(args.repeats, 1)

@@ -81,6 +81,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                  dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=128, max_position_embeddings=128),
                  "BERT-tiny (tests): 2 layers, hidden 64, vocab 1000", hidden=True),
+    Architecture("llama-tiny", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(vocab_size=1000, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5),
+                 "Llama-tiny (tests, benchmarks): 2 layers, hidden 64, GQA 4/2 heads, vocab 1000", hidden=True),
 ]}
 
 _ALIASES = {"bert": "bert-base", "roberta": "roberta-base", "vit": "vit-base", "vit-b16": "vit-base",
@@ -265,8 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence, text models (default 128)")
     parser.add_argument("--image-size", type=int, default=None,
                         help="image side in pixels, vision models (default: the config's, 224)")
-    parser.add_argument("--preset", choices=["exact", "paper", "aggressive"], default="paper",
-                        help="slimfit preset (default paper)")
+    parser.add_argument("--preset", choices=["exact", "paper", "aggressive", "wta_crs"], default="paper",
+                        help="slimfit preset (default paper; wta_crs = paper + sampled weight gradients)")
     parser.add_argument("--freeze-rate", type=float, default=0.9,
                         help="share of the scheduler's candidate layers frozen, in [0, 1) (default 0.9)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
