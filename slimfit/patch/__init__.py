@@ -24,7 +24,7 @@ from .modules import (
     SwiGLUMixin,
     patched_class,
 )
-from .sampling import NORM_CACHE, SampleIds, install_hooks, norm_caches, sample_ids
+from .sampling import NORM_CACHE, SampleIds, install_hooks, norm_caches, remove_hooks, sample_ids
 from .summary import PatchSummary
 
 MODEL_STATE = "_slimfit_state"
@@ -184,16 +184,15 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
         elif cls.__name__ in _NOT_COMPRESSED or "RMSNorm" in cls.__name__:
             summary.skipped.append((name, cls.__name__, _NOT_COMPRESSED.get(cls.__name__, _RMSNORM_UNKNOWN)))
 
-    hooks = []
     if holder is not None:
         if not any(kind == "linear" and "of rows" in mode for _, kind, mode in summary.patched):
             why = ("sample_targets='paper' needs a known family (use sample_targets='all')" if family is None
                    else "no linear layer matches the family's sampling targets")
             summary.skipped.append(("<sampling>", type(model).__name__, why))
-        hooks = install_hooks(model, holder)
+        install_hooks(model)
     if config.attention:
         summary.attention = _patch_attention(model, config, summary)
-    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder, "hooks": hooks})
+    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder})
     return model, summary
 
 
@@ -248,8 +247,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is None:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
         return model
-    for handle in state.get("hooks", ()):
-        handle.remove()
+    remove_hooks(model)
     for module in model.modules():
         original = getattr(module, ORIGINAL_CLASS, None)
         if original is not None:

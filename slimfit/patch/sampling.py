@@ -76,18 +76,49 @@ class SampleIds:
             warnings.warn(message, stacklevel=4)
 
 
-def install_hooks(model: torch.nn.Module, holder: SampleIds) -> list:
-    """Root forward hooks: pop `sample_ids=` from the model's keyword arguments for this forward."""
+def _holder(model: torch.nn.Module) -> SampleIds | None:
+    from . import MODEL_STATE
+
+    state = getattr(model, MODEL_STATE, None)
+    return None if state is None else state.get("sample_ids")
+
+
+_HOOK_MARK = "_slimfit_sample_ids_hook"
+
+
+def install_hooks(model: torch.nn.Module) -> None:
+    """Root forward hooks: pop `sample_ids=` from the model's keyword arguments for this forward.
+    The holder is looked up on the model at call time, so a deep copy of a patched model feeds its
+    own layers (the hook functions themselves are shared by copies)."""
 
     def pre(module, args, kwargs):
-        holder.push(kwargs.pop("sample_ids", None) if "sample_ids" in kwargs else holder.current)
+        holder = _holder(module)
+        ids = kwargs.pop("sample_ids", None) if "sample_ids" in kwargs else None
+        if holder is not None:
+            holder.push(ids if ids is not None else holder.current)
         return args, kwargs
 
     def post(module, args, kwargs, output):
-        holder.pop()
+        holder = _holder(module)
+        if holder is not None:
+            holder.pop()
 
-    return [model.register_forward_pre_hook(pre, with_kwargs=True),
-            model.register_forward_hook(post, with_kwargs=True, always_call=True)]
+    setattr(pre, _HOOK_MARK, True)
+    setattr(post, _HOOK_MARK, True)
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post, with_kwargs=True, always_call=True)
+
+
+def remove_hooks(model: torch.nn.Module) -> None:
+    """Remove the hooks `install_hooks` put on this model (found by their mark, not by handles: a
+    deep copy's handles would point at the original's hook tables)."""
+    for table in ("_forward_pre_hooks", "_forward_hooks"):
+        hooks = getattr(model, table)
+        for key in [k for k, fn in hooks.items() if getattr(fn, _HOOK_MARK, False)]:
+            del hooks[key]
+            for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                          "_forward_hooks_always_called"):
+                getattr(model, extra, {}).pop(key, None)
 
 
 @contextlib.contextmanager
@@ -95,10 +126,9 @@ def sample_ids(model: torch.nn.Module, ids):
     """Run the forward passes inside the block with these sample ids (one per entry of the batch)."""
     from . import MODEL_STATE
 
-    state = getattr(model, MODEL_STATE, None)
-    if state is None:
+    if getattr(model, MODEL_STATE, None) is None:
         raise RuntimeError("slimfit.patch.sample_ids: the model is not patched (call slimfit.patch first)")
-    holder = state.get("sample_ids")
+    holder = _holder(model)
     if holder is None:  # patched without linear_sampling: nothing reads ids
         yield
         return

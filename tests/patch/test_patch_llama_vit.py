@@ -173,3 +173,24 @@ def test_trainable_conv_is_pytorch_and_unpatch_restores():
     assert memory.measure(patched, **inputs).per_module[conv] == memory.measure(model, **inputs).per_module[conv]
     slimfit.unpatch(patched)
     assert type(patched.get_submodule(conv)) is torch.nn.Conv2d
+
+
+def test_llama_autocast_bf16_and_checkpointing():
+    model, inputs = build("llama")
+    ref = copy.deepcopy(model)
+    slimfit.patch(model, SlimFitConfig.paper())
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**inputs).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    # non-reentrant activation checkpointing recomputes the compressed Functions: same gradients
+    patched, _ = slimfit.patch(ref, ACTIVATIONS_ONLY)
+    twin = copy.deepcopy(patched)
+    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    patched.train(), twin.train()
+    patched(**inputs).loss.backward()
+    twin(**inputs).loss.backward()
+    for (n, p), (_, q) in zip(patched.named_parameters(), twin.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=n)

@@ -236,6 +236,17 @@ def test_state_dict_unchanged_and_unpatch_restores():
     assert {n: type(m) for n, m in model.named_modules()} == {n: type(m) for n, m in ref.named_modules()}
 
 
+def test_deep_copy_of_a_patched_model_feeds_its_own_layers():
+    model, _, inputs = _patched()
+    twin = copy.deepcopy(model)
+    twin.train()
+    twin(**inputs, sample_ids=IDS).loss.backward()
+    assert all(c.num_seen() == BATCH for c in norm_caches(twin).values())
+    assert all(c.num_seen() == 0 for c in norm_caches(model).values())
+    slimfit.unpatch(twin)
+    assert not twin._forward_pre_hooks and len(model._forward_pre_hooks) == 1
+
+
 def test_scheduler_composes():
     from slimfit.scheduler import ILSScheduler
 
