@@ -104,8 +104,9 @@ def test_gradient_checkpointing_non_reentrant():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=n)
 
 
-def test_autocast_bf16_training_step():
-    model, inputs = build("bert")
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_autocast_bf16_training_step(family):
+    model, inputs = build(family)
     slimfit.patch(model, SlimFitConfig.paper())
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
