@@ -1,7 +1,7 @@
 """convert / unconvert / add_adapters / set_reversible_layers: MEFT in place on a Hugging Face model.
 
 Each transformer layer keeps its parameters and state_dict keys; its class is swapped for a
-subclass (`Meft<Layer>`) whose forward implements the MEFT layer, and adapters are added as new
+subclass (`SlimFit<Layer>`, built by slimfit.patch's `patched_class`) whose forward implements the MEFT layer, and adapters are added as new
 submodules (`meft_ffn_adapter`, `meft_attn_adapter`, `meft_rev_adapter`). The model's own loop still
 calls the layers one by one, so the call signature and outputs of the model are unchanged:
 
@@ -21,6 +21,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..patch.modules import patched_class
 from .adapter import Adapter
 from .families import SUPPORTED, UnsupportedModel, family_of_layer
 from .function import ReversibleStack, coupling, layer_seeds, split_tensors, swap_pair
@@ -193,16 +194,9 @@ class MeftLayerMixin:
         return plan.layer_forward(self, state["index"], hidden_states, attn_kwargs)
 
 
-_CLASSES: dict = {}
-
-
 def _meft_class(original: type) -> type:
-    if original not in _CLASSES:
-        name = f"Meft{original.__name__}"
-        cls = type(name, (MeftLayerMixin, original), {"__module__": __name__, "__qualname__": name})
-        _CLASSES[original] = cls
-        globals().setdefault(name, cls)
-    return _CLASSES[original]
+    # slimfit.patch's cached subclass factory (published by name for pickling): SlimFit<Layer>
+    return patched_class(original, MeftLayerMixin)
 
 
 def _find_layers(model: nn.Module):

@@ -12,6 +12,7 @@ MEFT's F or G is always this whole function, residual connections and LayerNorms
 """
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -24,20 +25,12 @@ class UnsupportedModel(TypeError):
 
 def _activation(name_or_fn) -> nn.Module:
     if isinstance(name_or_fn, nn.Module):
-        return type(name_or_fn)() if _default_constructible(type(name_or_fn)) else name_or_fn
+        return copy.deepcopy(name_or_fn)
     from transformers.activations import ACT2FN
 
     if isinstance(name_or_fn, str):
         return ACT2FN[name_or_fn]
     raise UnsupportedModel(f"slimfit.reversible: cannot build an adapter activation from {name_or_fn!r}")
-
-
-def _default_constructible(cls) -> bool:
-    try:
-        cls()
-        return True
-    except TypeError:
-        return False
 
 
 class Family:
@@ -56,11 +49,21 @@ class Family:
     def hidden_size(self, layer: nn.Module) -> int:
         raise NotImplementedError
 
-    def adapter_activation(self, layer: nn.Module) -> nn.Module:
+    # the layer's model config, the config key naming its activation, its FFN activation module and
+    # a hidden dropout module: the adapter uses the same activation and dropout probability
+    act_key = ""
+
+    def parts(self, layer: nn.Module) -> tuple:
+        """(config or None, activation module, dropout module)"""
         raise NotImplementedError
 
+    def adapter_activation(self, layer: nn.Module) -> nn.Module:
+        cfg, act, _ = self.parts(layer)
+        name = getattr(cfg, self.act_key, None) if cfg is not None else None
+        return _activation(name if isinstance(name, str) else act)
+
     def adapter_dropout(self, layer: nn.Module) -> float:
-        raise NotImplementedError
+        return float(self.parts(layer)[2].p)
 
     def attn(self, layer, x, attn_kwargs: dict, adapter=None) -> torch.Tensor:
         raise NotImplementedError
@@ -115,17 +118,10 @@ class BertFamily(Family):
     def hidden_size(self, layer):
         return layer.output.dense.out_features
 
-    def _config(self, layer):
-        return getattr(layer.attention.self, "config", None)
+    act_key = "hidden_act"
 
-    def adapter_activation(self, layer):
-        cfg = self._config(layer)
-        if cfg is not None and isinstance(getattr(cfg, "hidden_act", None), str):
-            return _activation(cfg.hidden_act)
-        return _activation(layer.intermediate.intermediate_act_fn)
-
-    def adapter_dropout(self, layer):
-        return float(layer.output.dropout.p)
+    def parts(self, layer):
+        return getattr(layer.attention.self, "config", None), layer.intermediate.intermediate_act_fn, layer.output.dropout
 
     def attn(self, layer, x, attn_kwargs, adapter=None):
         a, _ = layer.attention.self(x, **attn_kwargs)
@@ -160,14 +156,10 @@ class GPT2Family(Family):
     def hidden_size(self, layer):
         return layer.ln_1.normalized_shape[0]
 
-    def adapter_activation(self, layer):
-        cfg = getattr(layer.attn, "config", None)
-        if cfg is not None and isinstance(getattr(cfg, "activation_function", None), str):
-            return _activation(cfg.activation_function)
-        return _activation(layer.mlp.act)
+    act_key = "activation_function"
 
-    def adapter_dropout(self, layer):
-        return float(layer.mlp.dropout.p)
+    def parts(self, layer):
+        return getattr(layer.attn, "config", None), layer.mlp.act, layer.mlp.dropout
 
     def attn(self, layer, x, attn_kwargs, adapter=None):
         a, _ = layer.attn(layer.ln_1(x), **attn_kwargs)
