@@ -159,8 +159,9 @@ def test_converted_model_is_near_the_original_at_init(form):
         with torch.no_grad():
             h = model.bert(**x).last_hidden_state
             logits = model(**x).logits
-        assert tiny.rel(h, ref.hidden_states[-1]) < 0.6  # the MEFT offset: λ·x1 and (x1 + x2)/2, see docs
-        assert tiny.rel(logits, ref.logits) < 0.6
+        # the MEFT offset (λ·x1 leak, (x1 + x2)/2; docs/meft.md): measured 0.11 for every form and output here
+        assert tiny.rel(h, ref.hidden_states[-1]) < 0.25
+        assert tiny.rel(logits, ref.logits) < 0.25
 
 
 # ---- errors --------------------------------------------------------------------------------------
