@@ -22,7 +22,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   lora              PEFT LoRA r=8 on query/value, classifier trains
   paper+lora        LoRA as above, its frozen base patched with slimfit paper() (no scheduler)
   adapters          plain bottleneck adapters (slimfit.reversible, non-reversible), classifier trains
-  meft1|meft2|meft3 MEFT reversible adapters (slimfit.reversible)
+  meft1|meft2|meft3 MEFT reversible adapters (slimfit.reversible), streams kept in fp64
 
 Results are appended run by run to the CSV (so an interrupted run keeps what it finished; a
 (method, seed, settings) row already there is skipped unless --force), and the Markdown table
@@ -125,10 +125,12 @@ def _prepare_reversible(name: str):
         except ImportError as exc:
             raise SystemExit(f"{name}: slimfit.reversible is not available in this tree") from exc
         if name == "adapters":
-            model, _ = reversible.convert(model, form="meft1", bottleneck=8, reversible=False)
+            model, _ = reversible.add_adapters(model, bottleneck=8)
             return Prepared(model, None, "adapters (bottleneck 8)")
-        model, _ = reversible.convert(model, form=name, bottleneck=8)
-        return Prepared(model, None, f"{name.upper()} (bottleneck 8)")
+        # fp64 streams: in fp32 the reversible backward rebuilds MiniLM's bottom-layer input with a ~20%
+        # error (1/lambda = 10 per layer, docs/meft.md); fp64 streams make it ~3e-3.
+        model, _ = reversible.convert(model, form=name, bottleneck=8, stream_dtype=torch.float64)
+        return Prepared(model, None, f"{name.upper()} (bottleneck 8, fp64 streams)")
 
     return prepare
 

@@ -297,6 +297,16 @@ def targets(rows: list[Row]) -> list[str]:
     return [f"target {name}: {ratio:.2f} ({detail}) -> {'met' if ok else 'MISSED'}" for name, ratio, ok, detail in checks]
 
 
+def merge_rows(old: list[Row], new: list[Row]) -> list[Row]:
+    """`old` with the rows that `new` redoes replaced in place; new (model, dtype, method) appended."""
+    key = lambda r: (r.model, r.dtype, r.method)  # noqa: E731
+    fresh = {key(r): r for r in new}
+    merged = [fresh.pop(key(r), r) for r in old]
+    merged += [r for r in new if key(r) in fresh]
+    order = list(dict.fromkeys((r.model, r.dtype) for r in merged))
+    return sorted(merged, key=lambda r: order.index((r.model, r.dtype)))
+
+
 def write_csv(rows: list[Row], path: str) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(asdict(rows[0]).keys()))
@@ -367,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=None, help="default bench/results (nothing is written with --quick)")
     p.add_argument("--quick", action="store_true", help="2-layer models, batch 2, seq 32, one timed step")
     p.add_argument("--plot", default=None, metavar="CSV", help="only draw the PNG of an existing CSV")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of an existing CSV that this run does not redo (same model, dtype, method)")
     args = p.parse_args(argv)
     if args.plot:
         rows = read_csv(args.plot)
@@ -417,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(out_dir, exist_ok=True)
         tag = "cuda" if device.startswith("cuda") else "cpu"
         base = os.path.join(out_dir, f"e2e_{tag}")
+        if args.merge and os.path.exists(base + ".csv"):
+            rows = merge_rows(read_csv(base + ".csv"), rows)
+            text = markdown(rows, device)
         write_csv(rows, base + ".csv")
         v = _timing.versions()
         header = (f"# End-to-end training step ({rows[0].device_name})\n\n"

@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # Heavier layers load on first use, so `import slimfit` stays light.
-    if name in ("autograd", "memory", "scheduler"):
+    if name in ("autograd", "memory", "scheduler", "reversible"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
@@ -22,4 +22,4 @@ def __getattr__(name):
 
 
 __all__ = ["kernels", "SlimFitConfig", "patch", "unpatch", "ILSScheduler", "autograd", "memory", "scheduler",
-           "__version__"]
+           "reversible", "__version__"]

@@ -31,7 +31,7 @@ def accuracy():
 
 
 def test_quick_run_appends_rows_and_renders_table(accuracy, tmp_path):
-    methods = ["full", "paper@0.9", "lora"]
+    methods = ["full", "paper@0.9", "lora", "meft1"]
     assert accuracy.main(["--quick", "--no-progress", "--methods", ",".join(methods), "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "accuracy_text_cpu.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
