@@ -102,15 +102,12 @@ def _prepare_sampled(rate: float):
         import slimfit
         from slimfit.scheduler import ILSScheduler
 
-        try:
-            config = slimfit.SlimFitConfig.paper().replace(linear_sampling="wta_crs", sample_ratio=SAMPLED_RATIO)
-        except TypeError as exc:
-            raise SystemExit("wta_crs: this slimfit has no SlimFitConfig.linear_sampling yet") from exc
-        slimfit.patch(model, config)
-        from slimfit.patch import sample_ids
+        if not hasattr(slimfit.SlimFitConfig, "wta_crs"):
+            raise SystemExit("wta_crs: this slimfit has no WTA-CRS patch mode")
+        slimfit.patch(model, slimfit.SlimFitConfig.wta_crs().replace(sample_ratio=SAMPLED_RATIO))
 
-        def on_batch(indices):
-            sample_ids(model, torch.tensor(indices))
+        def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
+            return {"sample_ids": torch.tensor(indices)}
 
         return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed),
                         f"slimfit paper + WTA-CRS {SAMPLED_RATIO}, rate {rate}", on_batch)

@@ -154,14 +154,12 @@ def build_method(arch, method: Method, device: str):
             config = config.replace(linear_sampling="wta_crs", sample_ratio=SAMPLED_RATIO)
         slimfit.patch(model, config)
         if method.sampling:
-            from slimfit.patch import sample_ids
-
             counter = iter(range(10 ** 9))
 
             def on_step(batch):
-                # fresh ids every step: a data set larger than the run (no sample seen twice)
+                # fresh ids every step, as from a data set larger than the run (no sample seen twice)
                 start = next(counter) * batch
-                sample_ids(model, torch.arange(start, start + batch))
+                return {"sample_ids": torch.arange(start, start + batch)}
     scheduler = None
     if method.scheduler:
         from slimfit.scheduler import ILSScheduler
@@ -196,10 +194,9 @@ def run_method(label, arch, name: str, method: Method, dtype: str, args, device:
             scheduler.attach_optimizer(optimizer)
 
         def step():
-            if on_step is not None:
-                on_step(batch)
+            extra = on_step(batch) if on_step is not None else {}
             with _autocast(dtype, device):
-                loss = model(**inputs).loss
+                loss = model(**inputs, **extra).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -220,9 +217,8 @@ def run_method(label, arch, name: str, method: Method, dtype: str, args, device:
 
 
 def _measure_cpu(model, inputs, step, row: Row, dtype: str, on_step, args) -> None:
-    if on_step is not None:
-        on_step(row.batch)
-    run = mc.measure_step(model, inputs, dtype=dtype, seed=0, name=row.method)
+    extra = on_step(row.batch) if on_step is not None else {}
+    run = mc.measure_step(model, {**inputs, **extra}, dtype=dtype, seed=0, name=row.method)
     row.saved_mib = run.total / MiB
     step()  # warm-up (also the first optimizer step: AdamW state allocated)
     times = []

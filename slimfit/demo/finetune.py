@@ -26,7 +26,8 @@ class RunResult:
 class Prepared:
     """What a method makes of a freshly loaded model before training: the model to train (it
     may be a wrapper, e.g. a PEFT model), an optional freezing scheduler, a display name and an
-    optional callback told the dataset indices of each batch before its forward (sample ids)."""
+    optional callback given the dataset indices of each batch, returning extra forward keywords
+    (e.g. {"sample_ids": ...} for WTA-CRS)."""
     model: object
     scheduler: object = None
     name: str = ""
@@ -121,7 +122,7 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
     for indices in _progress(_batches(len(train), batch_size, steps, seed), steps, name, progress):
         batch = _encode(tokenizer, [train[i] for i in indices], max_length, device)
         if prepared.on_batch is not None:
-            prepared.on_batch(indices)
+            batch.update(prepared.on_batch(indices) or {})
         start = time.perf_counter()
         loss = model(**batch).loss
         loss.backward()
@@ -139,7 +140,7 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
     # Saved-activation bytes of one training step on a fixed batch, in the final frozen state.
     probe = _encode(tokenizer, train[:batch_size], max_length, device)
     if prepared.on_batch is not None:
-        prepared.on_batch(list(range(batch_size)))
+        probe.update(prepared.on_batch(list(range(batch_size))) or {})
     saved = memory.measure(model, **probe).total
     optimizer.zero_grad(set_to_none=True)
 

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 
 from ._load import load_bench  # noqa: E402
 
-METHODS = "eager,sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-paper+lora"
+METHODS = "eager,sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-paper+lora,slimfit-wta_crs"
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def test_quick_run_reports_every_method(e2e, tmp_path):
     assert saved["grad-ckpt"] < saved["sdpa"] / 3
     assert saved["slimfit-paper"] < saved["eager"] / 4
     assert saved["slimfit-paper+lora"] < saved["lora-r8"] / 2
+    assert saved["slimfit-wta_crs"] <= saved["slimfit-paper"]  # same frozen set; trainable targets keep k rows
     trainable = {m: int(r["trainable_params"]) for m, r in rows.items()}
     assert trainable["lora-r8"] < trainable["eager"] / 20
     md = (tmp_path / "e2e_cpu.md").read_text()
