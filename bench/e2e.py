@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """End-to-end training steps: slimfit against what a user would pick instead.
 
-    python bench/e2e.py                    # CPU: BERT-base seq 128 (batch 4) and ViT-B/16 224 (batch 2),
-                                           # fp32 and bf16 autocast; writes bench/results/e2e_cpu.{csv,md,png}
-    python bench/e2e.py --device cuda      # GPU: batch 128; writes bench/results/e2e_cuda.{csv,md,png}
+    python bench/e2e.py                    # CPU: BERT-base seq 128 (batch 4) and ViT-B/16 224 (batch 2), fp32
+                                           # (--dtypes fp32,bf16 adds bf16 autocast: very slow on CPUs without
+                                           # bf16 units); writes bench/results/e2e_cpu.{csv,md,png}
+    python bench/e2e.py --device cuda      # GPU: batch 128, fp32 and bf16 autocast; writes bench/results/e2e_cuda.*
     python bench/e2e.py --quick            # 2-layer models, batch 2, seq 32, one timed step: writes nothing
     python bench/e2e.py --plot bench/results/e2e_cuda.csv   # (re)draw the PNG of a CSV (e.g. made where
                                                             # matplotlib is missing)
@@ -365,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--models", default="bert,vit")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", default=None,
+                   help="default fp32,bf16 on a GPU; fp32 on the CPU (bf16 autocast there took 168 s per BERT-base "
+                        "step of batch 4 on the 2-core AMD EPYC here: no bf16 matrix units)")
     p.add_argument("--batch", type=int, default=None, help="default 128 on a GPU; 4 (BERT) / 2 (ViT) on the CPU")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed steps (GPU: at least 5)")
@@ -385,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.batch, args.seq_len, args.repeats = args.batch or 2, 32, 1
     device = args.device
+    if args.dtypes is None:
+        args.dtypes = "fp32,bf16" if device.startswith("cuda") else "fp32"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -401,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
 
+    out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
+    tag = "cuda" if device.startswith("cuda") else "cpu"
+    base = os.path.join(out_dir, f"e2e_{tag}") if out_dir else None
+    previous = read_csv(base + ".csv") if (base and args.merge and os.path.exists(base + ".csv")) else []
     rows: list[Row] = []
     for label, arch in _architectures(args):
         if arch.task == mc.IMAGE_CLS and args.quick:
@@ -415,28 +424,24 @@ def main(argv: list[str] | None = None) -> int:
                        f"saved {r.saved_mib:8.1f} MiB" if r.saved_mib is not None else "")
                 print(f"  {name:<20} {r.status:<4} {mem}  step {_f(r.step_ms, '8,.0f')} ms  "
                       f"{_f(r.throughput, '8.2f')} samples/s", flush=True)
-    text = markdown(rows, device)
+                if base:  # after every row: an interrupted run keeps what it measured
+                    os.makedirs(out_dir, exist_ok=True)
+                    write_csv(merge_rows(previous, rows), base + ".csv")
+    all_rows = merge_rows(previous, rows)
+    text = markdown(all_rows, device)
     print("\n" + text)
-    notes = targets(rows) if device.startswith("cuda") else []
+    notes = targets(all_rows) if device.startswith("cuda") else []
     for line in notes:
         print(line)
-    out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        tag = "cuda" if device.startswith("cuda") else "cpu"
-        base = os.path.join(out_dir, f"e2e_{tag}")
-        if args.merge and os.path.exists(base + ".csv"):
-            rows = merge_rows(read_csv(base + ".csv"), rows)
-            text = markdown(rows, device)
-        write_csv(rows, base + ".csv")
+    if base:
         v = _timing.versions()
-        header = (f"# End-to-end training step ({rows[0].device_name})\n\n"
+        header = (f"# End-to-end training step ({all_rows[0].device_name})\n\n"
                   f"torch {v['torch']}, triton {v['triton']}, {_timing.now()}, load average {_timing.load_average()}; "
                   f"`python bench/e2e.py --device {tag}`. Slimfit rows freeze with ILSScheduler(freeze_rate="
                   f"{FREEZE_RATE}). Memory: {'torch.cuda.max_memory_allocated (total)' if tag == 'cuda' else 'saved activation bytes of one step (saved-tensor hooks)'}.\n\n")
         with open(base + ".md", "w") as fh:
             fh.write(header + text + ("\n" + "\n".join(notes) + "\n" if notes else ""))
-        plot(rows, base + ".png")
+        plot(all_rows, base + ".png")
         print(f"wrote {base}.csv, .md, .png")
     return 0
 
