@@ -23,7 +23,7 @@ def test_demo_runs_plain_and_slimfit(capsys):
                "--max-length", "32", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "plain PyTorch" in out and "slimfit paper, rate 0.5" in out
+    assert "plain PyTorch" in out and "slimfit paper, rate 0.9" in out
     assert "test accuracy" in out and "less" in out
 
 
