@@ -220,18 +220,20 @@ def _mean_std(values: list[float]) -> str:
 def render_markdown(rows: list[dict], settings: Settings, header: str) -> str:
     rows = [r for r in rows if settings.matches(r)]
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    base = [float(r["accuracy"]) for r in rows if r["method"] == "full"]
-    base_mean = statistics.mean(base) if base else None
-    base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if base else None
+    # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds.
+    full_acc = {r["seed"]: 100 * float(r["accuracy"]) for r in rows if r["method"] == "full"}
+    base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_acc else None
     lines = [header, "",
-             "| method | seeds | test accuracy % (mean ± std) | vs full | saved activations MiB/step | less than full "
+             "| method | seeds | test accuracy % (mean ± std) | vs full, same seeds | saved activations MiB/step "
+             "| less than full "
              "| step ms (median) | trainable params | frozen share |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in methods:
         rs = [r for r in rows if r["method"] == m]
         acc = [100 * float(r["accuracy"]) for r in rs]
         saved = statistics.mean(float(r["saved_mib"]) for r in rs)
-        gap = "" if base_mean is None else f"{statistics.mean(acc) - 100 * base_mean:+.2f}"
+        paired = [100 * float(r["accuracy"]) - full_acc[r["seed"]] for r in rs if r["seed"] in full_acc]
+        gap = f"{statistics.mean(paired):+.2f}" if paired else ""
         ratio = "" if not base_saved else f"{base_saved / saved:.1f}x"
         lines.append(f"| {m} | {','.join(r['seed'] for r in rs)} | {_mean_std(acc)} | {gap} | {saved:.1f} | {ratio} "
                      f"| {statistics.median(float(r['step_ms']) for r in rs):.0f} "
