@@ -99,30 +99,46 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
     Same seed, same batches, same head initialisation."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from slimfit import memory
-
     prepare = prepare or prepare_preset(preset, rate)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2).to(device)
     prepared = prepare(model, seed)
+
+    def make_batch(indices):
+        return _encode(tokenizer, [train[i] for i in indices], max_length, device)
+
+    return train_and_evaluate(prepared, make_batch, len(train), steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                              device=device, progress=progress,
+                              evaluate_fn=lambda m: evaluate(m, tokenizer, test, max_length, device, progress=progress))
+
+
+def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *, steps: int, batch_size: int,
+                       lr: float, seed: int, device: str, progress: bool, evaluate_fn: Callable) -> RunResult:
+    """The training loop shared by the text and image runs: AdamW over `steps` seeded batches
+    (`make_batch(indices)` -> forward keywords), the scheduler if any, then the saved bytes of one
+    step on a fixed batch (final frozen state), the peak GPU memory and `evaluate_fn(model)`."""
+    from slimfit import memory
+
     model, scheduler = prepared.model, prepared.scheduler
     # The scheduler freezes and unfreezes layers as it goes: the optimizer must know them all.
     params = list(model.parameters()) if scheduler is not None else [p for p in model.parameters() if p.requires_grad]
-    n_trainable = sum(p.numel() for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
 
-    model.train()
-    times, losses, frozen = [], [], []
-    name = prepared.name
-    for indices in _progress(_batches(len(train), batch_size, steps, seed), steps, name, progress):
-        batch = _encode(tokenizer, [train[i] for i in indices], max_length, device)
+    def batch_with_extras(indices):
+        batch = make_batch(indices)
         if prepared.on_batch is not None:
             batch.update(prepared.on_batch(indices) or {})
+        return batch
+
+    model.train()
+    times, losses, frozen = [], [], []
+    for indices in _progress(_batches(n_train, batch_size, steps, seed), steps, prepared.name, progress):
+        batch = batch_with_extras(indices)
         start = time.perf_counter()
         loss = model(**batch).loss
         loss.backward()
@@ -138,14 +154,11 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
     # Saved-activation bytes of one training step on a fixed batch, in the final frozen state.
-    probe = _encode(tokenizer, train[:batch_size], max_length, device)
-    if prepared.on_batch is not None:
-        probe.update(prepared.on_batch(list(range(batch_size))) or {})
-    saved = memory.measure(model, **probe).total
+    saved = memory.measure(model, **batch_with_extras(list(range(batch_size)))).total
     optimizer.zero_grad(set_to_none=True)
 
-    accuracy = evaluate(model, tokenizer, test, max_length, device, progress=progress)
+    accuracy = evaluate_fn(model)
     warm = times[min(3, len(times) - 1):] or times
-    return RunResult(name=name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
+    return RunResult(name=prepared.name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
                      step_ms=1000 * statistics.median(warm), frozen_share=statistics.mean(frozen) if frozen else 0.0,
-                     losses=losses, trainable_params=n_trainable)
+                     losses=losses, trainable_params=sum(p.numel() for p in params))
