@@ -21,6 +21,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   exact@R           slimfit exact() + the freezing scheduler at rate R (what freezing alone costs)
   paper@R           slimfit paper() + scheduler at rate R (the SlimFit method)
   aggressive@R      slimfit aggressive() + scheduler at rate R
+  paper@R+head      (also exact / aggressive) the same, but the freshly initialised task head
+                    ('classifier') is not scheduled: it trains every step
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
                     and FFN linears, as the paper) + scheduler at rate R; needs sample ids: the
                     loop passes the batch's dataset indices
@@ -41,6 +43,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,6 +61,7 @@ DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
+HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
 FEW_PARAMS_LR = 5e-4
@@ -81,11 +85,12 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
 
 def method_prepare(spec: str):
     """(prepare callable, uses the few-parameter learning rate) for a method spec."""
-    name, rate = _with_rate(spec)
+    head = spec.endswith(HEAD_SUFFIX)
+    name, rate = _with_rate(spec[:-len(HEAD_SUFFIX)] if head else spec)
     if name == "full":
         return prepare_preset(None, 0.0), False
     if name in ("exact", "paper", "aggressive"):
-        return prepare_preset(name, 0.9 if rate is None else rate), False
+        return prepare_preset(name, 0.9 if rate is None else rate, ("classifier",) if head else ()), False
     if name == "wta_crs":
         return _prepare_sampled(0.9 if rate is None else rate), False
     if name == "lora":
@@ -145,7 +150,10 @@ class TextTask:
     def __init__(self, args):
         self.args = args
         self.model_dir = assets.minilm_dir()
-        self.input_size = f"seq <= {args.max_length}"
+
+    @staticmethod
+    def describe_input(max_length: int) -> str:
+        return f"seq <= {max_length}"
 
     def run(self, seed, prepare, lr, device, progress):
         a = self.args
@@ -161,12 +169,15 @@ class ImageTask:
         from slimfit.demo import vision_assets as va
 
         self.args, self.va = args, va
-        self.input_size = f"{args.image_size}x{args.image_size} images"
         images, labels = va.load_fashion_mnist("train", limit=args.n_train)
         self.train = (va.fashion_mnist_pixels(images, args.image_size), labels)
         images, labels = va.load_fashion_mnist("test", limit=args.n_test)
         self.test = (va.fashion_mnist_pixels(images, args.image_size), labels)
         va.dinov2_small_weights()  # convert (once, cached) before any timing
+
+    @staticmethod
+    def describe_input(side: int) -> str:  # the max_length column holds the image side
+        return f"{side}x{side} images"
 
     def run(self, seed, prepare, lr, device, progress):
         from slimfit.demo.finetune_vision import finetune_images
@@ -191,8 +202,10 @@ class Settings:
     n_train: int
     n_test: int
 
+    KEYS = ("steps", "batch_size", "max_length", "n_train", "n_test")
+
     def matches(self, row: dict) -> bool:
-        return all(str(getattr(self, k)) == row[k] for k in ("steps", "batch_size", "max_length", "n_train", "n_test"))
+        return all(str(getattr(self, k)) == row[k] for k in self.KEYS)
 
 
 def read_rows(path: str) -> list[dict]:
@@ -217,14 +230,12 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
-def render_markdown(rows: list[dict], settings: Settings, header: str) -> str:
-    rows = [r for r in rows if settings.matches(r)]
+def _table(rows: list[dict]) -> list[str]:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds.
     full_acc = {r["seed"]: 100 * float(r["accuracy"]) for r in rows if r["method"] == "full"}
     base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_acc else None
-    lines = [header, "",
-             "| method | seeds | test accuracy % (mean ± std) | vs full, same seeds | saved activations MiB/step "
+    lines = ["| method | seeds | test accuracy % (mean ± std) | vs full, same seeds | saved activations MiB/step "
              "| less than full "
              "| step ms (median) | trainable params | frozen share |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -239,7 +250,34 @@ def render_markdown(rows: list[dict], settings: Settings, header: str) -> str:
                      f"| {statistics.median(float(r['step_ms']) for r in rs):.0f} "
                      f"| {int(float(rs[0]['trainable_params'])):,} "
                      f"| {100 * statistics.mean(float(r['frozen_share']) for r in rs):.0f}% |")
+    return lines
+
+
+def render_markdown(rows: list[dict], header: str, describe_input: Callable[[int], str]) -> str:
+    """One table per protocol (steps, batch, input size, split sizes) found in the rows, in order of
+    first appearance, so that runs of a longer protocol never hide the shorter one's."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in Settings.KEYS), []).append(r)
+    lines = [header]
+    for key, rs in groups.items():
+        s = Settings(*(int(v) for v in key))
+        lrs = ", ".join(f"{m} {lr}" for lr, m in _lrs_by_method(rs))
+        epochs = s.steps * s.batch_size / s.n_train
+        lines += ["", f"## {s.steps} steps of batch {s.batch_size} ({epochs:.2g} epochs of {s.n_train:,}; "
+                      f"{s.n_test:,} test), {describe_input(s.max_length)}", "", f"AdamW, lr: {lrs}.", ""]
+        lines += _table(rs)
     return "\n".join(lines) + "\n"
+
+
+def _lrs_by_method(rows: list[dict]) -> list[tuple[str, str]]:
+    """(lr, the methods trained with it), so a table says which step size each row used."""
+    by_lr: dict[str, list[str]] = {}
+    for r in rows:
+        names = by_lr.setdefault(r["lr"], [])
+        if r["method"] not in names:
+            names.append(r["method"])
+    return [(lr, "/".join(names)) for lr, names in by_lr.items()]
 
 
 # ------------------------------------------------------------------ main
@@ -262,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rerun runs already in the CSV")
     p.add_argument("--quick", action="store_true", help="pipeline check: 3 steps of 8, 64/32 examples, seed 0")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--render-only", action="store_true", help="rebuild the Markdown from the CSV, train nothing")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch_size, args.n_train, args.n_test, args.seeds = 3, 8, 64, 32, "0"
@@ -295,13 +334,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     done = read_rows(csv_path) if csv_path else []
     versions = _timing.versions()
-    header = (f"# Accuracy: {task.title} ({args.n_train} train / {args.n_test} test)\n\n"
-              f"{args.steps} steps of batch {args.batch_size} (AdamW, lr {args.lr}; LoRA/adapters lr "
-              f"{args.few_params_lr}), {task.input_size}, device {_timing.device_name(device)}, "
-              f"torch {versions['torch']}; generated by `python bench/accuracy.py --task {args.task}` (rows: "
+    header = (f"# Accuracy: {task.title}\n\n"
+              f"Device {_timing.device_name(device)}, torch {versions['torch']}; generated by "
+              f"`python bench/accuracy.py --task {args.task}` with the settings of each section (rows: "
               f"bench/results/accuracy_{args.task}_{tag}.csv). Saved activations: bytes autograd keeps for one "
-              f"training step on the same batch of {args.batch_size}, measured after training (scheduler's final "
-              f"frozen set).")
+              f"training step on the same batch, measured after training (scheduler's final frozen set). Each "
+              f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference.")
+    if args.render_only:
+        methods = []
     results = []
     for seed in seeds:
         for m in methods:
@@ -329,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
                 append_row(csv_path, row)
                 done = read_rows(csv_path)
                 with open(md_path, "w") as fh:
-                    fh.write(render_markdown(done, settings, header))
+                    fh.write(render_markdown(done, header, task.describe_input))
+    if args.render_only and csv_path:
+        with open(md_path, "w") as fh:
+            fh.write(render_markdown(done, header, task.describe_input))
     print()
-    print(render_markdown(done if csv_path else [{k: str(v) for k, v in r.items()} for r in results], settings,
-                          header))
+    shown = done if csv_path else [{k: str(v) for k, v in r.items()} for r in results]
+    print(render_markdown([r for r in shown if settings.matches(r)], header, task.describe_input))
     return 0
 
 

@@ -34,8 +34,9 @@ class Prepared:
     on_batch: Optional[Callable] = None
 
 
-def prepare_preset(preset: str | None, rate: float) -> Callable:
-    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` + the scheduler at `rate`."""
+def prepare_preset(preset: str | None, rate: float, always_train: tuple[str, ...] = ()) -> Callable:
+    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` + the scheduler at `rate`
+    (`always_train`: module names the scheduler leaves out and trains every step, e.g. the task head)."""
 
     def prepare(model, seed: int) -> Prepared:
         import slimfit
@@ -44,7 +45,9 @@ def prepare_preset(preset: str | None, rate: float) -> Callable:
         if preset is None:
             return Prepared(model, None, "plain PyTorch")
         slimfit.patch(model, slimfit.SlimFitConfig.preset(preset))
-        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed), f"slimfit {preset}, rate {rate}")
+        scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train)
+        head = f", {'+'.join(always_train)} always trains" if always_train else ""
+        return Prepared(model, scheduler, f"slimfit {preset}, rate {rate}{head}")
 
     return prepare
 

@@ -22,7 +22,7 @@ from typing import Sequence, Union
 import torch
 from torch import nn
 
-__all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module"]
+__all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained"]
 
 NamedParams = Sequence[tuple[str, nn.Parameter]]
 
@@ -141,3 +141,31 @@ def resolve_layers(model: nn.Module, layers: Iterable) -> list[tuple[str, nn.Par
     if not out:
         raise ValueError("layers: the explicit layer list is empty")
     return out
+
+
+def drop_always_trained(named: list[tuple[str, nn.Parameter]],
+                        always_train: Iterable[str]) -> list[tuple[str, nn.Parameter]]:
+    """``named`` without the parameters under the module prefixes in ``always_train`` (e.g.
+    ``["classifier"]``): those stay out of scheduling and train every step. A freshly
+    initialised task head is the usual case: frozen 90% of a short run, it trains too little.
+    Each prefix must match a candidate, so a typo cannot silently schedule the head."""
+    if isinstance(always_train, str):
+        always_train = [always_train]
+    prefixes = list(always_train)
+    if not prefixes:
+        return named
+
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    for prefix in prefixes:
+        if not isinstance(prefix, str) or not prefix:
+            raise TypeError(f"always_train: expected module or parameter names, got {prefix!r}")
+        if not any(under(n, prefix) for n, _ in named):
+            raise ValueError(
+                f"always_train: {prefix!r} matches none of the {len(named)} scheduled layers "
+                f"(e.g. {[n for n, _ in named[-3:]]}); give a module name such as 'classifier'")
+    kept = [(n, p) for n, p in named if not any(under(n, q) for q in prefixes)]
+    if not kept:
+        raise ValueError("always_train covers every candidate layer: nothing is left to schedule")
+    return kept

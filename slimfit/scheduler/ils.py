@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from . import budget as _budget
-from .candidates import find_candidates, resolve_layers, unwrap_model
+from .candidates import drop_always_trained, find_candidates, resolve_layers, unwrap_model
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .optim import FrozenGradGuard
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
@@ -76,6 +76,10 @@ class ILSScheduler:
         optimizer: attach now (see ``attach_optimizer``).
         layers: with a module: an explicit list of parameter names or (name, param) pairs to
             schedule instead of the default candidates; checked against the model.
+        always_train: module (or parameter) names whose candidate parameters are not
+            scheduled and train every step, e.g. ``["classifier"]`` for a freshly initialised
+            task head (SlimFit's code schedules the head like any layer). ValueError when a
+            name matches no candidate.
         distributed: None = auto (torch.distributed initialised, world size > 1).
         process_group: the group to agree within (default: the world).
         chunk_numel: elements per batched score reduction (bounds temporary memory).
@@ -87,6 +91,7 @@ class ILSScheduler:
                  budget_bytes: Optional[float] = None, min_trained_steps: int = 0,
                  min_frozen_steps: int = 0, seed: int = 0, *, base_bytes: float = 0.0,
                  rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
+                 always_train: Iterable[str] = (),
                  distributed: Optional[bool] = None, process_group=None,
                  chunk_numel: int = DEFAULT_CHUNK_NUMEL):
         # ---- what to schedule
@@ -102,6 +107,7 @@ class ILSScheduler:
                 raise TypeError("expected a module or (name, parameter) pairs, e.g. model.named_parameters()")
             named = find_candidates(model_or_named_params)
             check_parallel_wrappers(None, [p for _, p in named])
+        named = drop_always_trained(named, always_train)
         self.names: list[str] = [n for n, _ in named]
         self.params: list[nn.Parameter] = [p for _, p in named]
         L = len(self.params)

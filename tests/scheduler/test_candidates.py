@@ -92,3 +92,29 @@ def test_state_from_another_model_is_rejected():
     bigger = ILSScheduler(MLP(d=16), freeze_rate=0.5)
     with pytest.raises(ValueError, match="different shapes"):
         bigger.load_state_dict(sd)
+
+
+def test_always_train_keeps_the_head_out_of_scheduling():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    sched = ILSScheduler(model, freeze_rate=0.9, always_train=["4"])
+    assert sched.names == ["0.weight", "2.weight"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched.attach_optimizer(opt)
+    for _ in range(5):
+        assert model[4].weight.requires_grad  # the head trains every step, whatever is frozen
+        assert sched.num_frozen == 1  # round(0.9 * 2) of the two scheduled layers
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+
+
+def test_always_train_names_must_match_a_layer():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    with pytest.raises(ValueError, match="'classifier' matches none"):
+        ILSScheduler(model, always_train=["classifier"])
+    with pytest.raises(ValueError, match="nothing is left to schedule"):
+        ILSScheduler(model, always_train=["0", "1"])
+    # a prefix is a module name, not a string prefix: "1" does not cover "10.weight"
+    assert ILSScheduler(nn.Sequential(*[nn.Linear(2, 2) for _ in range(11)]), always_train="1").names[-1] == "10.weight"

@@ -1,0 +1,26 @@
+"""bench/accuracy.py's Markdown: one table per protocol, gaps paired within a protocol only."""
+from __future__ import annotations
+
+from ._load import load_bench
+
+
+def _row(method, seed, steps, accuracy, saved=100.0, lr="0.0001"):
+    return {"task": "t", "method": method, "seed": str(seed), "steps": str(steps), "batch_size": "32", "lr": lr,
+            "max_length": "48", "n_train": "8000", "n_test": "2000", "accuracy": str(accuracy),
+            "saved_mib": str(saved), "peak_mib": "", "step_ms": "10.0", "frozen_share": "0.0",
+            "trainable_params": "100", "loss_first10": "0.7", "loss_last10": "0.5", "device": "cpu",
+            "torch": "x", "date": "d"}
+
+
+def test_each_protocol_gets_its_own_table_and_paired_gap():
+    accuracy = load_bench("accuracy")
+    rows = [_row("full", 0, 150, 0.80), _row("paper@0.9", 0, 150, 0.70, saved=10.0),
+            _row("full", 0, 750, 0.84), _row("paper@0.9", 0, 750, 0.83, saved=10.0),
+            _row("lora", 0, 750, 0.82, lr="0.0005")]
+    md = accuracy.render_markdown(rows, "# title", lambda n: f"seq <= {n}")
+    short, long = md.split("## 150 steps")[1].split("## 750 steps")
+    assert "(0.6 epochs of 8,000; 2,000 test)" in short and "(3 epochs of 8,000" in long
+    assert "| paper@0.9 | 0 | 70.00 | -10.00 | 10.0 | 10.0x |" in short
+    assert "| paper@0.9 | 0 | 83.00 | -1.00 | 10.0 | 10.0x |" in long
+    assert "| lora |" in long and "| lora |" not in short
+    assert "full/paper@0.9 0.0001" in long and "lora 0.0005" in long
