@@ -21,7 +21,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   exact@R           slimfit exact() + the freezing scheduler at rate R (what freezing alone costs)
   paper@R           slimfit paper() + scheduler at rate R (the SlimFit method)
   aggressive@R      slimfit aggressive() + scheduler at rate R
-  paper@R+head      (also exact / aggressive) the same, but the freshly initialised task head
+  paper@R+head      (also exact / aggressive / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
                     and FFN linears, as the paper) + scheduler at rate R; needs sample ids: the
@@ -87,12 +87,14 @@ def method_prepare(spec: str):
     """(prepare callable, uses the few-parameter learning rate) for a method spec."""
     head = spec.endswith(HEAD_SUFFIX)
     name, rate = _with_rate(spec[:-len(HEAD_SUFFIX)] if head else spec)
+    if head and name not in ("exact", "paper", "aggressive", "wta_crs"):
+        raise SystemExit(f"{spec!r}: {HEAD_SUFFIX} applies to the scheduled methods (exact, paper, aggressive, wta_crs)")
     if name == "full":
         return prepare_preset(None, 0.0), False
     if name in ("exact", "paper", "aggressive"):
         return prepare_preset(name, 0.9 if rate is None else rate, ("classifier",) if head else ()), False
     if name == "wta_crs":
-        return _prepare_sampled(0.9 if rate is None else rate), False
+        return _prepare_sampled(0.9 if rate is None else rate, ("classifier",) if head else ()), False
     if name == "lora":
         return (lambda model, seed: Prepared(_lora(model), None, "LoRA r=8")), True
     if name == "paper+lora":
@@ -108,7 +110,7 @@ def method_prepare(spec: str):
     raise SystemExit(f"unknown method {spec!r}; see the docstring of bench/accuracy.py")
 
 
-def _prepare_sampled(rate: float):
+def _prepare_sampled(rate: float, always_train: tuple[str, ...] = ()):
     def prepare(model, seed):
         import slimfit
         from slimfit.scheduler import ILSScheduler
@@ -120,7 +122,7 @@ def _prepare_sampled(rate: float):
         def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
             return {"sample_ids": torch.tensor(indices)}
 
-        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed),
+        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train),
                         f"slimfit paper + WTA-CRS {SAMPLED_RATIO}, rate {rate}", on_batch)
 
     return prepare

@@ -24,3 +24,14 @@ def test_each_protocol_gets_its_own_table_and_paired_gap():
     assert "| paper@0.9 | 0 | 83.00 | -1.00 | 10.0 | 10.0x |" in long
     assert "| lora |" in long and "| lora |" not in short
     assert "full/paper@0.9 0.0001" in long and "lora 0.0005" in long
+
+
+def test_head_suffix_only_on_scheduled_methods():
+    import pytest
+
+    accuracy = load_bench("accuracy")
+    for spec in ("paper@0.9+head", "exact@0.5+head", "wta_crs@0.9+head"):
+        prepare, few_params_lr = accuracy.method_prepare(spec)
+        assert callable(prepare) and not few_params_lr
+    with pytest.raises(SystemExit, match="applies to the scheduled methods"):
+        accuracy.method_prepare("lora+head")
