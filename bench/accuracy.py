@@ -83,10 +83,16 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
     return spec, None
 
 
-def method_prepare(spec: str):
-    """(prepare callable, uses the few-parameter learning rate) for a method spec."""
+def parse_spec(spec: str) -> tuple[str, float | None, bool]:
+    """'paper@0.9+head' -> ('paper', 0.9, True)."""
     head = spec.endswith(HEAD_SUFFIX)
     name, rate = _with_rate(spec[:-len(HEAD_SUFFIX)] if head else spec)
+    return name, rate, head
+
+
+def method_prepare(spec: str):
+    """(prepare callable, uses the few-parameter learning rate) for a method spec."""
+    name, rate, head = parse_spec(spec)
     if head and name not in ("exact", "paper", "aggressive", "wta_crs"):
         raise SystemExit(f"{spec!r}: {HEAD_SUFFIX} applies to the scheduled methods (exact, paper, aggressive, wta_crs)")
     if name == "full":
@@ -326,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.task != "text" and any(_with_rate(m)[0] in TEXT_ONLY for m in methods):
+    if args.task != "text" and any(parse_spec(m)[0] in TEXT_ONLY for m in methods):
         raise SystemExit(f"methods {', '.join(TEXT_ONLY)} convert BERT-family / GPT-2 models: text task only")
     plans = {m: method_prepare(m) for m in methods}  # unknown methods fail before any training
     try:

@@ -35,3 +35,10 @@ def test_head_suffix_only_on_scheduled_methods():
         assert callable(prepare) and not few_params_lr
     with pytest.raises(SystemExit, match="applies to the scheduled methods"):
         accuracy.method_prepare("lora+head")
+
+
+def test_parse_spec():
+    accuracy = load_bench("accuracy")
+    assert accuracy.parse_spec("paper@0.9+head") == ("paper", 0.9, True)
+    assert accuracy.parse_spec("wta_crs@0.5") == ("wta_crs", 0.5, False)
+    assert accuracy.parse_spec("lora") == ("lora", None, False)
