@@ -21,7 +21,10 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   exact@R           slimfit exact() + the freezing scheduler at rate R (what freezing alone costs)
   paper@R           slimfit paper() + scheduler at rate R (the SlimFit method)
   aggressive@R      slimfit aggressive() + scheduler at rate R
-  paper@R+head      (also exact / aggressive / wta_crs) the same, but the freshly initialised task head
+  paper_topk@R      paper() with P pruned to its top 10% per row instead of 8-bit (paper() before
+                    it followed the SlimFit code's 8-bit P; bench/results/grad_fidelity_cpu.md)
+  wta_crs_topk@R    wta_crs@R with paper_topk's P
+  paper@R+head      (also exact / aggressive / paper_topk / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
                     and FFN linears, as the paper) + scheduler at rate R; needs sample ids: the
@@ -54,6 +57,7 @@ for _p in (HERE, ROOT):
 import torch  # noqa: E402
 
 import _timing  # noqa: E402
+from slimfit import SlimFitConfig  # noqa: E402
 from slimfit.demo import assets  # noqa: E402
 from slimfit.demo.finetune import Prepared, finetune, prepare_preset  # noqa: E402
 
@@ -61,6 +65,8 @@ DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
+# paper() as it was until P became 8-bit (the SlimFit code's format): P pruned to the top 10% of each row.
+PAPER_TOPK = SlimFitConfig.paper().replace(attn_probs="topk", attn_keep_ratio=0.1)
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -93,14 +99,16 @@ def parse_spec(spec: str) -> tuple[str, float | None, bool]:
 def method_prepare(spec: str):
     """(prepare callable, uses the few-parameter learning rate) for a method spec."""
     name, rate, head = parse_spec(spec)
-    if head and name not in ("exact", "paper", "aggressive", "wta_crs"):
+    if head and name not in ("exact", "paper", "aggressive", "paper_topk", "wta_crs", "wta_crs_topk"):
         raise SystemExit(f"{spec!r}: {HEAD_SUFFIX} applies to the scheduled methods (exact, paper, aggressive, wta_crs)")
     if name == "full":
         return prepare_preset(None, 0.0), False
-    if name in ("exact", "paper", "aggressive"):
-        return prepare_preset(name, 0.9 if rate is None else rate, ("classifier",) if head else ()), False
-    if name == "wta_crs":
-        return _prepare_sampled(0.9 if rate is None else rate, ("classifier",) if head else ()), False
+    if name in ("exact", "paper", "aggressive", "paper_topk"):
+        config = PAPER_TOPK if name == "paper_topk" else name
+        return prepare_preset(config, 0.9 if rate is None else rate, ("classifier",) if head else ()), False
+    if name in ("wta_crs", "wta_crs_topk"):
+        return _prepare_sampled(0.9 if rate is None else rate, ("classifier",) if head else (),
+                                "topk" if name == "wta_crs_topk" else "int8"), False
     if name == "lora":
         return (lambda model, seed: Prepared(_lora(model), None, "LoRA r=8")), True
     if name == "paper+lora":
@@ -116,14 +124,14 @@ def method_prepare(spec: str):
     raise SystemExit(f"unknown method {spec!r}; see the docstring of bench/accuracy.py")
 
 
-def _prepare_sampled(rate: float, always_train: tuple[str, ...] = ()):
+def _prepare_sampled(rate: float, always_train: tuple[str, ...] = (), attn_probs: str = "int8"):
     def prepare(model, seed):
         import slimfit
         from slimfit.scheduler import ILSScheduler
 
         if not hasattr(slimfit.SlimFitConfig, "wta_crs"):
             raise SystemExit("wta_crs: this slimfit has no WTA-CRS patch mode")
-        slimfit.patch(model, slimfit.SlimFitConfig.wta_crs().replace(sample_ratio=SAMPLED_RATIO))
+        slimfit.patch(model, slimfit.SlimFitConfig.wta_crs().replace(sample_ratio=SAMPLED_RATIO, attn_probs=attn_probs))
 
         def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
             return {"sample_ids": torch.tensor(indices)}

@@ -34,8 +34,9 @@ class Prepared:
     on_batch: Optional[Callable] = None
 
 
-def prepare_preset(preset: str | None, rate: float, always_train: tuple[str, ...] = ()) -> Callable:
-    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` + the scheduler at `rate`
+def prepare_preset(preset, rate: float, always_train: tuple[str, ...] = ()) -> Callable:
+    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
+    SlimFitConfig) + the scheduler at `rate`
     (`always_train`: module names the scheduler leaves out and trains every step, e.g. the task head)."""
 
     def prepare(model, seed: int) -> Prepared:
@@ -44,10 +45,12 @@ def prepare_preset(preset: str | None, rate: float, always_train: tuple[str, ...
 
         if preset is None:
             return Prepared(model, None, "plain PyTorch")
-        slimfit.patch(model, slimfit.SlimFitConfig.preset(preset))
+        config = slimfit.SlimFitConfig.preset(preset) if isinstance(preset, str) else preset
+        slimfit.patch(model, config)
         scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train)
         head = f", {'+'.join(always_train)} always trains" if always_train else ""
-        return Prepared(model, scheduler, f"slimfit {preset}, rate {rate}{head}")
+        label = preset if isinstance(preset, str) else "custom config"
+        return Prepared(model, scheduler, f"slimfit {label}, rate {rate}{head}")
 
     return prepare
 
