@@ -394,19 +394,19 @@ NOTES = [
     "Q/K/V, attention probabilities and frozen LayerNorm x̂ (paper), and 8-bit inputs of trainable linears "
     "and LayerNorms (aggressive).",
     "Presets as measured: exact() = frozen fast path + seed-regenerated dropout; paper() = exact() + GELU input "
-    "4-bit, Q/K/V 8-bit, attention probabilities top-10%, LayerNorm x̂ top-10% when its weight is frozen (full "
-    "when trainable), FFN output projection input 8-bit; aggressive() = paper() + every trainable linear's input "
-    "8-bit, trainable LayerNorm x̂ 8-bit, attention probabilities 8-bit instead of top-10% (more bytes for P, "
-    "smaller gradient error).",
+    "4-bit, Q/K/V 8-bit, attention probabilities 8-bit, LayerNorm x̂ top-10% when its weight is frozen (full when "
+    "trainable), FFN output projection input 8-bit; aggressive() = paper() + every trainable linear's input "
+    "8-bit, LayerNorm x̂ 8-bit whether trainable or frozen.",
     "Which 10% of the layers train is drawn at random and moves the ratio only a little (seeded frozen sets "
     "above): what paper() keeps is mostly the compressed activations every layer saves whether frozen or not "
     "(Q/K/V + attention probabilities, GELU input, LayerNorm x̂), plus the full-precision inputs of the few "
     "trainable linears and LayerNorms.",
-    "ViT-B/16 stays under 6x with paper() (5.67x; 5.51x before the frozen patch-embedding conv saved nothing: "
-    "PyTorch keeps the 0.57 MiB/sample of pixel values whenever the conv's bias trains): without dropout, plain sdpa on the CPU saves Q, K, V and the output "
-    "(no attention matrix), while slimfit's attention saves Q/K/V at 8 bits plus the top-10% of P (20 of 197 "
-    "scores per row, with indices), so attention shrinks only ~3x; with 197 tokens the trainable projections' "
-    "full-precision inputs also weigh more.",
+    "ViT-B/16 stays under 6x with paper() (5.06x with 8-bit P; 5.67x when paper() kept the top-10% of P, which "
+    "turned pretrained ViT gradients, bench/results/grad_fidelity_cpu.md): without dropout, plain sdpa on the "
+    "CPU saves Q, K, V and the output (no attention matrix), while slimfit's attention saves Q/K/V and P at 8 "
+    "bits, so attention shrinks only ~2x; with 197 tokens the trainable projections' full-precision inputs also "
+    "weigh more. A frozen patch-embedding conv saves nothing (PyTorch would keep the 0.57 MiB/sample of pixel "
+    "values whenever the conv's bias trains).",
     "ViTConfig() has hidden and attention dropout 0.0 (the ViT fine-tuning default), so exact() saves nothing "
     "beyond freezing there; `--vit-dropout 0.1` measures a ViT with dropout. Without dropout, PyTorch's CPU sdpa "
     "uses its fused kernel (no attention matrix saved), hence plain-eager > plain for ViT; with dropout (BERT) "
@@ -414,14 +414,14 @@ NOTES = [
     "Llama family (Llama-tiny, SmolLM-135M): paper() saves the SwiGLU product's gate and up at 4 bits (plain "
     "PyTorch keeps gate, silu(gate) and up in full) and RMSNorm x̂ top-10% when its weight is frozen, in full when "
     "trainable, plus rstd (plain keeps x twice and rstd). Before they were compressed, SmolLM-135M with paper() + "
-    "90% frozen saved 1.50x fewer bytes than plain (`slimfit memory smollm-135m`, batch 1); now 3.83x.",
+    "90% frozen saved 1.50x fewer bytes than plain (`slimfit memory smollm-135m`, batch 1); now 3.68x.",
     "`(root)` is the loss: transformers' causal-LM loss runs cross_entropy on fp32 logits, whose log_softmax "
     "keeps tokens x vocabulary x 4 bytes (24 MiB per 128-token sample at SmolLM's 49,152-word vocabulary): half "
-    "of what paper() keeps for SmolLM-135M, and no module slimfit patches. Without it the ratio is 6.5x (SmolLM) "
-    "and 5.6x (Llama-tiny); a chunked / fused cross-entropy is the next lever.",
+    "of what paper() keeps for SmolLM-135M, and no module slimfit patches. Without it the ratio is 6.1x (SmolLM) "
+    "and 4.5x (Llama-tiny); a chunked / fused cross-entropy is the next lever.",
     "`wta_crs+frozen` = paper() + WTA-CRS sampled weight gradients (30% of the rows) for the attention-output and "
     "FFN linears: with 90% of the layers frozen only the few trainable targets keep inputs at all, so it moves "
-    "the totals a little (BERT-base 9.29x -> 9.73x, SmolLM-135M 3.83x -> 3.95x); it matters when many linears "
+    "the totals a little (BERT-base 8.55x -> 8.92x, SmolLM-135M 3.68x -> 3.80x); it matters when many linears "
     "train.",
     "Step times on a shared 2-core machine are noisy (load average above); compare rows of one run only. "
     "The CPU step time of the compressed presets includes quantize/top-k work that a GPU does far faster.",
