@@ -55,17 +55,49 @@ def rotten_tomatoes(seed: int = 0, n_train: int = 8000, n_test: int = 2000):
     return data[:n_train], data[n_train:n_train + n_test]
 
 
-def hub_dataset(name: str, seed: int, n_train: int, n_test: int):
-    """A `datasets` text-classification set with 'text' and 'label' columns (needs network)."""
+def _text_column(split, name: str) -> str:
+    """The column holding the text: 'text' or 'sentence' if present, else the only string column."""
+    features = split.features
+    for col in ("text", "sentence"):
+        if col in features:
+            return col
+    strings = [c for c, f in features.items() if getattr(f, "dtype", None) == "string"]
+    if len(strings) == 1:
+        return strings[0]
+    raise ValueError(f"hub data set {name!r}: cannot tell which column is the text (string columns: {strings}); "
+                     "the demo fine-tunes single-text classification sets with a 'text' or 'sentence' column")
+
+
+def _labelled(split) -> bool:
+    """GLUE-style test splits carry label -1 (hidden); they cannot be scored."""
+    n = min(len(split), 100)
+    return n > 0 and all(int(y) >= 0 for y in split.select(range(n))["label"])
+
+
+def hub_dataset(spec: str, seed: int, n_train: int, n_test: int):
+    """A `datasets` text-classification set, `NAME` or `NAME:CONFIG` (e.g. `glue:sst2`), with a
+    'label' column and one text column; scored on 'test' when it is labelled, else on 'validation'.
+    Needs network access (or a local `datasets` cache)."""
     try:
         import datasets
     except ImportError as exc:
         raise MissingAsset("`--data hf:NAME` needs the `datasets` package: pip install datasets") from exc
-    ds = datasets.load_dataset(name)
-    split_test = "test" if "test" in ds else "validation"
-    train = [(r["text"], int(r["label"])) for r in ds["train"].shuffle(seed=seed).select(range(min(n_train, len(ds["train"]))))]
-    test = [(r["text"], int(r["label"])) for r in ds[split_test].select(range(min(n_test, len(ds[split_test]))))]
-    return train, test
+    name, _, config = spec.partition(":")
+    ds = datasets.load_dataset(name, config or None)
+    if "train" not in ds:
+        raise ValueError(f"hub data set {spec!r} has no 'train' split (splits: {list(ds)})")
+    if "label" not in ds["train"].features:
+        raise ValueError(f"hub data set {spec!r} has no 'label' column (columns: {list(ds['train'].features)})")
+    scored = [s for s in ("test", "validation") if s in ds and _labelled(ds[s])]
+    if not scored:
+        raise ValueError(f"hub data set {spec!r} has no labelled 'test' or 'validation' split (splits: {list(ds)})")
+    column = _text_column(ds["train"], spec)
+
+    def pairs(split, n):
+        rows = split.select(range(min(n, len(split))))
+        return [(t, int(y)) for t, y in zip(rows[column], rows["label"])]
+
+    return pairs(ds["train"].shuffle(seed=seed), n_train), pairs(ds[scored[0]], n_test)
 
 
 def load_data(spec: str, seed: int, n_train: int, n_test: int):
@@ -73,4 +105,4 @@ def load_data(spec: str, seed: int, n_train: int, n_test: int):
         return rotten_tomatoes(seed, n_train, n_test)
     if spec.startswith("hf:"):
         return hub_dataset(spec[3:], seed, n_train, n_test)
-    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' (offline) or 'hf:NAME' (hub)")
+    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]' (hub)")

@@ -97,6 +97,20 @@ def evaluate(model, tokenizer, test, max_length: int, device, batch_size: int = 
     return correct / max(len(test), 1)
 
 
+def count_labels(train, test) -> int:
+    """Number of classes of (text, label) lists; labels must be the ints 0..n-1 (the head's rows)."""
+    labels = {y for _, y in train} | {y for _, y in test}
+    if not labels or not all(isinstance(y, int) and not isinstance(y, bool) for y in labels):
+        raise ValueError("labels must be Python ints 0..n-1 (got "
+                         f"{sorted(map(repr, labels))[:5] or 'no examples'}); map class names to indices first")
+    if min(labels) < 0:
+        raise ValueError(f"label {min(labels)} is negative: unlabelled rows (e.g. a hidden test split) cannot train "
+                         "or be scored")
+    if len({y for _, y in train}) < 2:
+        raise ValueError("the training split holds a single class: nothing to learn; use more examples")
+    return max(labels) + 1
+
+
 def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.9, steps: int,
              batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
              prepare: Callable | None = None) -> RunResult:
@@ -106,9 +120,10 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     prepare = prepare or prepare_preset(preset, rate)
+    num_labels = count_labels(train, test)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2).to(device)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=num_labels).to(device)
     prepared = prepare(model, seed)
 
     def make_batch(indices):

@@ -9,7 +9,8 @@ from .assets import MissingAsset, load_data, resolve_model
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="minilm", help="'minilm' (offline all-MiniLM-L6-v2) or a hub id / local path")
-    p.add_argument("--data", default="rotten_tomatoes", help="'rotten_tomatoes' (offline) or 'hf:NAME' (datasets)")
+    p.add_argument("--data", default="rotten_tomatoes", help="'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]', e.g. hf:imdb or hf:glue:sst2 "
+                        "(the `datasets` package, network)")
     p.add_argument("--preset", default="paper", choices=["exact", "paper", "aggressive"])
     p.add_argument("--rate", type=float, default=0.9,
                    help="freezing rate of the scheduler, in [0, 1); short runs lose accuracy at any rate tried "
@@ -58,7 +59,7 @@ def run(args) -> int:
     try:
         model_dir = resolve_model(args.model)
         train, test = load_data(args.data, args.seed, args.n_train, args.n_test)
-    except MissingAsset as exc:
+    except (MissingAsset, ValueError) as exc:
         print(f"slimfit demo: {exc}", file=sys.stderr)
         return 2
     print(f"slimfit demo: {args.model} on {args.data} ({len(train)} train / {len(test)} test), "
