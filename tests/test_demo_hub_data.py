@@ -115,3 +115,13 @@ def test_demo_reports_a_bad_data_spec_without_a_traceback(capsys):
     rc = main(["demo", "--model", "a-local-path", "--data", "imdb", "--no-progress"])
     assert rc == 2
     assert "hf:NAME[:CONFIG]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [(["--rate", "1.0"], "--rate 1.0"), (["--steps", "0"], "--steps 0"),
+                                            (["--lr", "0"], "--lr 0")])
+def test_demo_rejects_bad_flags_before_training(capsys, flags, message):
+    pytest.importorskip("transformers")
+    from slimfit.cli import main
+
+    assert main(["demo", "--model", "a-local-path", "--no-progress", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -25,6 +25,7 @@ def test_demo_runs_plain_and_slimfit(capsys):
     assert rc == 0
     assert "plain PyTorch" in out and "slimfit paper, rate 0.9" in out
     assert "test accuracy" in out and "less" in out
+    assert "each layer trains in about 10% of the steps (0 of 3 here)" in out
 
 
 def test_rotten_tomatoes_split_is_clean():
