@@ -248,6 +248,7 @@ def _mean_std(values: list[float]) -> str:
 
 def _table(rows: list[dict]) -> list[str]:
     methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods.sort(key=lambda m: m != "full")  # the baseline first, the rest in order of first appearance
     # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds.
     full_acc = {r["seed"]: 100 * float(r["accuracy"]) for r in rows if r["method"] == "full"}
     base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_acc else None

@@ -26,6 +26,14 @@ def test_each_protocol_gets_its_own_table_and_paired_gap():
     assert "full/paper@0.9 0.0001" in long and "lora 0.0005" in long
 
 
+def test_full_fine_tuning_heads_each_table():
+    accuracy = load_bench("accuracy")
+    rows = [_row("paper@0.9", 0, 500, 0.80), _row("full", 0, 500, 0.82), _row("aggressive@0.9", 0, 500, 0.81)]
+    md = accuracy.render_markdown(rows, "# title", lambda n: f"seq <= {n}")
+    order = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert order == ["method", "full", "paper@0.9", "aggressive@0.9"]
+
+
 def test_head_suffix_only_on_scheduled_methods():
     import pytest
 
