@@ -64,7 +64,7 @@ def _check_flags(args) -> str | None:
 def run(args) -> int:
     import torch
 
-    from .finetune import finetune
+    from .finetune import count_labels, finetune
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     problem = _check_flags(args)
@@ -74,6 +74,7 @@ def run(args) -> int:
     try:
         model_dir = resolve_model(args.model)
         train, test = load_data(args.data, args.seed, args.n_train, args.n_test)
+        count_labels(train, test)  # unusable labels stop here, not after the plain run
     except (MissingAsset, ValueError) as exc:
         print(f"slimfit demo: {exc}", file=sys.stderr)
         return 2
