@@ -67,6 +67,12 @@ def run(args) -> int:
     from .finetune import count_labels, finetune
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:  # the report that the classifier head is newly initialised is expected here: quiet it
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
     problem = _check_flags(args)
     if problem:  # before the plain run, which takes minutes
         print(f"slimfit demo: {problem}", file=sys.stderr)
