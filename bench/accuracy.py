@@ -59,7 +59,7 @@ import torch  # noqa: E402
 import _timing  # noqa: E402
 from slimfit import SlimFitConfig  # noqa: E402
 from slimfit.demo import assets  # noqa: E402
-from slimfit.demo.finetune import Prepared, finetune, prepare_preset  # noqa: E402
+from slimfit.demo.finetune import Prepared, finetune, prepare_preset, quiet_transformers  # noqa: E402
 
 DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
@@ -326,12 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_length = args.image_size  # the settings column that says how large an input is
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:  # the "classifier weights newly initialised" report, once per run, says nothing new here
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    quiet_transformers()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
     tag = "cpu" if device == "cpu" else "gpu"

@@ -59,6 +59,7 @@ import _timing  # noqa: E402
 import slimfit  # noqa: E402
 from slimfit import memory_cli as mc  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
+from slimfit.demo.finetune import quiet_transformers  # noqa: E402
 
 MiB = 2 ** 20
 FREEZE_RATE = 0.9
@@ -399,12 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if "slimfit-wta_crs" in methods and not sampling_available():
         print("slimfit-wta_crs skipped: this slimfit's SlimFitConfig has no linear_sampling")
         methods.remove("slimfit-wta_crs")
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    quiet_transformers()
 
     out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
     tag = "cuda" if device.startswith("cuda") else "cpu"

@@ -35,6 +35,7 @@ import _timing  # noqa: E402
 import slimfit  # noqa: E402
 from slimfit import SlimFitConfig  # noqa: E402
 from slimfit.scheduler import ILSScheduler  # noqa: E402
+from slimfit.demo.finetune import quiet_transformers  # noqa: E402
 
 EXACT = SlimFitConfig.exact()
 # One compression at a time (on top of exact()), then the presets.
@@ -122,12 +123,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
-    try:  # the "classifier weights newly initialised" report, once per model built, says nothing new here
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    quiet_transformers()
     rows = []
     for key in args.models.split(","):
         title, make = MODELS[key]

@@ -55,6 +55,16 @@ def prepare_preset(preset, rate: float, always_train: tuple[str, ...] = ()) -> C
     return prepare
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' load reports below errors: every run here builds a classifier whose head is
+    newly initialised on purpose, and the report saying so once per model drowns the results."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    transformers.logging.set_verbosity_error()
+
+
 def _batches(n: int, batch_size: int, steps: int, seed: int):
     """`steps` lists of dataset indices: seeded epochs of shuffled order, the ragged tail dropped."""
     order = list(range(n))

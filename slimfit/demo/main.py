@@ -64,15 +64,10 @@ def _check_flags(args) -> str | None:
 def run(args) -> int:
     import torch
 
-    from .finetune import count_labels, finetune
+    from .finetune import count_labels, finetune, quiet_transformers
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:  # the report that the classifier head is newly initialised is expected here: quiet it
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    quiet_transformers()
     problem = _check_flags(args)
     if problem:  # before the plain run, which takes minutes
         print(f"slimfit demo: {problem}", file=sys.stderr)
