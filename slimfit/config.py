@@ -7,6 +7,7 @@ from dataclasses import dataclass
 _BITS = (None, 2, 4, 8)
 _LAYERNORM_SAVES = ("full", "int8", "topk")
 _PROBS = ("full", "topk", "int8", "int4")
+_ATTENTION_PATHS = ("auto", "fused", "materialize")
 _DROPOUT = ("torch", "seed", "bitmask")
 _GROUP_SIZES = (32, 64, 128, 256)
 _SAMPLING = (None, "wta_crs", "crs")
@@ -33,6 +34,9 @@ class SlimFitConfig:
     attn_probs          saved attention probabilities: 'full', 'topk', 'int8', 'int4'
     attn_keep_ratio     fraction of each row of P kept by 'topk'
     attn_dropout_on_v   apply attention dropout to V instead of P (the SlimFit code's trick; changes the model)
+    attention_path      'auto' (PyTorch's fused kernel with Q/K/V compressed wherever one exists and it keeps
+                        fewer bytes, else the materializing core), 'fused' (wherever a kernel exists; warns when
+                        it falls back), 'materialize' (always the core with compressed P); docs/attention.md
     dropout             'torch' (left alone), 'seed' (mask regenerated: 0 bytes), 'bitmask' (1 bit/element)
     group_size          quantization group size (32, 64, 128, 256)
     stochastic          stochastic rounding (unbiased) instead of round-to-nearest
@@ -61,6 +65,7 @@ class SlimFitConfig:
     attn_probs: str = "full"
     attn_keep_ratio: float = 0.1
     attn_dropout_on_v: bool = False
+    attention_path: str = "auto"
     dropout: str = "seed"
     group_size: int = 128
     stochastic: bool = False
@@ -85,6 +90,8 @@ class SlimFitConfig:
                 raise ValueError(f"SlimFitConfig.{name} must be one of {_LAYERNORM_SAVES}, got {getattr(self, name)!r}")
         if self.attn_probs not in _PROBS:
             raise ValueError(f"SlimFitConfig.attn_probs must be one of {_PROBS}, got {self.attn_probs!r}")
+        if self.attention_path not in _ATTENTION_PATHS:
+            raise ValueError(f"SlimFitConfig.attention_path must be one of {_ATTENTION_PATHS}, got {self.attention_path!r}")
         if self.dropout not in _DROPOUT:
             raise ValueError(f"SlimFitConfig.dropout must be one of {_DROPOUT}, got {self.dropout!r}")
         for name in ("layernorm_keep_ratio", "attn_keep_ratio"):

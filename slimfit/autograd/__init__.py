@@ -10,11 +10,13 @@
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
     attention(...)  (slimfit/autograd/attention.py)
+    fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
 
 See docs/autograd.md for what each saves and the measured gradient errors.
 """
 from .conv import conv
 from .dropout import dropout
+from .fused_attention import fused_attention
 from .gelu import gelu
 from .layernorm import layer_norm
 from .linear import linear
@@ -22,7 +24,7 @@ from .matmul import matmul
 from .rmsnorm import rms_norm
 from .silu import silu, swiglu
 
-__all__ = ["conv", "dropout", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
+__all__ = ["conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
 
 try:
     from .attention import attention  # noqa: F401  (built in parallel; optional until it lands)

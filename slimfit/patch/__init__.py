@@ -215,7 +215,8 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
         return None
     hf_attention.register()
     options = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
-               "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v}
+               "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
+               "path": config.attention_path}
     n = 0
     for name, module in model.named_modules():
         if type(module).__name__.endswith("Attention") and hasattr(module, "config"):

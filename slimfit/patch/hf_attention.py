@@ -5,7 +5,13 @@ Two implementations are registered, one per original implementation, so that the
 model builds is the same as before patching: `slimfit_sdpa` (boolean or no mask, as for
 sdpa) and `slimfit_eager` (additive float mask, as for eager). When no gradient is needed
 the original function runs, so inference is bit-identical to the unpatched model.
+
+Each call takes one of two paths (`choose_path`, docs/attention.md "Which path"):
+* 'fused': PyTorch's fused kernel, Q/K/V saved compressed, nothing of size S×S kept or
+  allocated (slimfit.autograd.fused_attention); grouped-query K/V are not expanded;
+* 'materialize': slimfit's core with compressed P (slimfit.autograd.attention), K/V expanded.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,11 +20,15 @@ import warnings
 import torch
 
 from .. import autograd as sf
+from ..autograd.attention import topk_keep
+from ..autograd.fused_attention import fused_kernel, quantized_bytes
 
 ATTENTION_OPTIONS = "_slimfit_attention"
 IMPLEMENTATIONS = {"sdpa": "slimfit_sdpa", "eager": "slimfit_eager"}
+PATHS = ("auto", "fused", "materialize")
 _registered = False
 _warned_unpatched = False
+_warned_fallback: set = set()
 
 
 def _original_function(original: str, module):
@@ -35,6 +45,49 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
+def _saved_bytes(path: str, opts: dict, query, key, value) -> int:
+    """What a path keeps for backward for these shapes, by the formats' byte formulas (the
+    mask is left out: it is the model's tensor, shared by every layer, and both paths see it)."""
+    bits, g = opts["qkv_bits"], opts["group_size"]
+    b, hq, sq, _ = query.shape
+    heads = hq if path == "materialize" else key.shape[1]  # the materializing path keeps K/V expanded
+    total = 0
+    for t, h in ((query, hq), (key, heads), (value, heads)):
+        n = t.numel() // t.shape[1] * h
+        total += n * t.element_size() if bits is None else quantized_bytes(n, bits, g)
+    if path == "fused":
+        return total
+    n_p = b * hq * sq * key.shape[2]
+    probs = opts["probs"]
+    if probs == "full":
+        return total + n_p * query.element_size()
+    if probs == "topk":
+        k = topk_keep(opts["keep_ratio"], key.shape[2])
+        return total + b * hq * sq * k * (query.element_size() + (2 if key.shape[2] <= 32768 else 4))
+    return total + quantized_bytes(n_p, 8 if probs == "int8" else 4, g)
+
+
+def choose_path(opts: dict, query, key, value, mask, dropout_p: float, is_causal: bool) -> tuple[str, str]:
+    """(path, why) for one call. 'auto' takes the fused path whenever PyTorch has a fused kernel
+    for the inputs and it keeps no more bytes than the materializing path (with the default
+    recompute backward it keeps only Q/K/V, so it always does); 'fused' takes it whenever a
+    kernel exists; 'materialize' never. Without a kernel (e.g. attention dropout on the CPU,
+    where PyTorch's fused op refuses dropout) the materializing path runs."""
+    wanted = opts.get("path", "auto")
+    if wanted == "materialize":
+        return "materialize", "attention_path='materialize'"
+    if opts.get("dropout_on_v") and dropout_p > 0.0:
+        return "materialize", "attn_dropout_on_v (dropout on V exists only in the materializing path)"
+    kernel = fused_kernel(query, key, value, mask, dropout_p, is_causal)
+    if kernel is None:
+        return "materialize", (f"no fused PyTorch kernel for these inputs ({query.device.type}, {query.dtype}, "
+                               f"dropout {dropout_p}, mask {None if mask is None else mask.dtype})")
+    if wanted == "auto" and _saved_bytes("materialize", opts, query, key, value) < _saved_bytes(
+            "fused", opts, query, key, value):
+        return "materialize", "fewer saved bytes"
+    return "fused", kernel
+
+
 def _make(original: str):
     def slimfit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                           is_causal=None, **kwargs):
@@ -42,26 +95,42 @@ def _make(original: str):
         opts = getattr(module, ATTENTION_OPTIONS, None)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         unsupported = kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
-        if opts is None or not needs_grad or unsupported:
+        # training dropout without a graph (reentrant checkpointing's first pass) still takes slimfit's
+        # seeded mask, the one the recompute draws
+        seeded = opts is not None and module.training and dropout > 0.0
+        if opts is None or not (needs_grad or seeded) or unsupported:
             if opts is None and needs_grad and not _warned_unpatched:
                 warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention")
                 _warned_unpatched = True
             fn = _original_function(original, module)
             return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       **({"is_causal": is_causal} if original == "sdpa" else {}), **kwargs)
-        groups = getattr(module, "num_key_value_groups", 1)
-        if groups > 1:
-            key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
         q_len, kv_len = query.shape[2], key.shape[2]
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
         causal = bool(q_len > 1 and attention_mask is None and causal)
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
+        p_drop = float(dropout) if module.training else 0.0
+        path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
+        if path == "fused":
+            out = sf.fused_attention(
+                query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
+                dropout_p=dropout, training=module.training, qkv_bits=opts["qkv_bits"],
+                group_size=opts["group_size"], check_finite=opts.get("check_finite", False),
+            )
+            return out.transpose(1, 2).contiguous(), None
+        if opts.get("path") == "fused" and why not in _warned_fallback:
+            warnings.warn(f"slimfit: attention_path='fused' but {why}; {type(module).__name__} uses the "
+                          "materializing path (P saved compressed, dropout replayed from a seed)")
+            _warned_fallback.add(why)
+        groups = getattr(module, "num_key_value_groups", 1)
+        if groups > 1:
+            key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
         out = sf.attention(
             query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
             dropout_p=dropout, training=module.training, qkv_bits=opts["qkv_bits"], probs=opts["probs"],
             keep_ratio=opts["keep_ratio"], group_size=opts["group_size"],
-            dropout_mode="on_v" if opts["dropout_on_v"] else "seed",
+            dropout_mode="on_v" if opts["dropout_on_v"] else "seed", check_finite=opts.get("check_finite", False),
         )
         return out.transpose(1, 2).contiguous(), None
 
