@@ -13,9 +13,10 @@ activation saved for backward is k rows instead of N:
   (backward writes this visit's norms), else pᵢ ∝ ‖xᵢ‖ alone.
 * Frozen weight (`requires_grad` False), no sampling needed (k ≥ N) or no graph: exactly
   `slimfit.autograd.linear` (frozen: nothing saved; k ≥ N: the full input, or quantized).
-* Draws use a `torch.Generator` seeded from `generator_seed` (or a seed drawn from torch's
-  default generator, so `torch.manual_seed` makes runs repeatable); the seed is kept on ctx as
-  an int. No host synchronisation in forward or backward (fixed k slots).
+* Draws use a `torch.Generator` seeded from `generator_seed` (or a side seed read from torch's
+  default generator without advancing it, so `torch.manual_seed` makes runs repeatable and
+  reentrant checkpointing keeps the dropout masks: slimfit/autograd/seeds.py); the seed is kept
+  on ctx as an int. No host synchronisation in forward or backward (fixed k slots).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from ._common import (
 )
 from .linear import input_grad, linear, record_linear_meta
 from .norm_cache import NormCache, as_sample_ids
+from .seeds import side_seed
 from .wta_crs import SAMPLERS, check_ratio, num_kept_rows, sample_rows, sampling_probabilities
 
 __all__ = ["sampled_linear"]
@@ -120,7 +122,7 @@ def sampled_linear(
         pᵢ ∝ ‖xᵢ‖·(stale ‖gᵢ‖), and backward records this batch's ‖gᵢ‖. Without ids pᵢ ∝ ‖xᵢ‖
         (a cache given without ids is neither read nor written).
     input_bits, group_size, stochastic: the kept rows quantized as in `linear` (None: kept as is).
-    generator_seed: seed of the row draws (default: drawn from torch's default generator).
+    generator_seed: seed of the row draws (default: a side seed read from torch's default generator).
     """
     op = "sampled_linear"
     check_float(op, "input", x)
@@ -169,8 +171,8 @@ def sampled_linear(
     stale = None
     if ids is not None:
         stale = norm_cache.lookup(ids, n // batch, x.device).reshape(n)
-    seed = new_seed() if generator_seed is None else int(generator_seed)
+    seed = side_seed(op, tuple(x.shape), tuple(weight.shape)) if generator_seed is None else int(generator_seed)
     return _SampledLinear.apply(
         x, weight, bias, stale, k, sampler, seed, input_bits, group_size, bool(stochastic), compute_dtype,
-        norm_cache if ids is not None else None, None if ids is None else tuple(ids.tolist()),
+        norm_cache if ids is not None else None, None if ids is None else tuple(ids.tolist()), bool(check_finite),
     )

@@ -24,8 +24,9 @@ from .modules import (
     SwiGLUMixin,
     patched_class,
 )
-from .sampling import NORM_CACHE, SampleIds, install_hooks, norm_caches, remove_hooks, sample_ids
+from .sampling import NORM_CACHE, SampleIds, install_hooks, install_seed_hook, norm_caches, remove_hooks, sample_ids
 from .summary import PatchSummary
+from .causal_lm import patch_causal_lm, unpatch_causal_lm
 
 MODEL_STATE = "_slimfit_state"
 
@@ -190,8 +191,12 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
                    else "no linear layer matches the family's sampling targets")
             summary.skipped.append(("<sampling>", type(model).__name__, why))
         install_hooks(model)
+    if config.stochastic or holder is not None:
+        install_seed_hook(model)
     if config.attention:
         summary.attention = _patch_attention(model, config, summary)
+    if config.lm_head_chunk_rows is not None:
+        patch_causal_lm(model, config.lm_head_chunk_rows, summary)
     setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder})
     return model, summary
 

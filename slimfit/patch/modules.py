@@ -152,9 +152,13 @@ class LayerNormMixin:
 
 
 class DropoutMixin:
-    """Dropout whose mask is regenerated from a seed (0 bytes) or saved at 1 bit per element."""
+    """Dropout whose mask is regenerated from a seed (0 bytes) or saved at 1 bit per element.
+
+    In training the seeded mask is drawn even without a graph (torch.no_grad): reentrant gradient
+    checkpointing runs its first pass that way and recomputes with gradients, and both passes must
+    drop the same elements (the seed comes from torch's generator, whose state the recompute restores)."""
 
     def forward(self, x):
-        if not self.training or self.p == 0.0 or not _needs_grad(self, x):
+        if not self.training or self.p == 0.0:
             return _original_forward(self, x)
         return sf.dropout(x, self.p, True, mode=getattr(self, OPTIONS)["mode"])

@@ -83,30 +83,45 @@ def _holder(model: torch.nn.Module) -> SampleIds | None:
     return None if state is None else state.get("sample_ids")
 
 
-_HOOK_MARK = "_slimfit_sample_ids_hook"
+_HOOK_MARK = "_slimfit_sample_ids_hook"  # marks every root hook slimfit.patch installs
+
+
+def _pop_sample_ids(module, args, kwargs):
+    holder = _holder(module)
+    ids = kwargs.pop("sample_ids", None) if "sample_ids" in kwargs else None
+    if holder is not None:
+        holder.push(ids if ids is not None else holder.current)
+    return args, kwargs
+
+
+def _drop_sample_ids(module, args, kwargs, output):
+    holder = _holder(module)
+    if holder is not None:
+        holder.pop()
+
+
+def _advance_generator(module, args):
+    """One draw from torch's generator per forward, so side seeds (autograd/seeds.py: stochastic
+    rounding, row draws) differ from step to step even when nothing else draws."""
+    torch.randint(0, 2, (1,))
+
+
+# module-level functions (not closures) so that a patched model pickles
+for _fn in (_pop_sample_ids, _drop_sample_ids, _advance_generator):
+    setattr(_fn, _HOOK_MARK, True)
 
 
 def install_hooks(model: torch.nn.Module) -> None:
     """Root forward hooks: pop `sample_ids=` from the model's keyword arguments for this forward.
     The holder is looked up on the model at call time, so a deep copy of a patched model feeds its
-    own layers (the hook functions themselves are shared by copies)."""
+    own layers."""
+    model.register_forward_pre_hook(_pop_sample_ids, with_kwargs=True)
+    model.register_forward_hook(_drop_sample_ids, with_kwargs=True, always_call=True)
 
-    def pre(module, args, kwargs):
-        holder = _holder(module)
-        ids = kwargs.pop("sample_ids", None) if "sample_ids" in kwargs else None
-        if holder is not None:
-            holder.push(ids if ids is not None else holder.current)
-        return args, kwargs
 
-    def post(module, args, kwargs, output):
-        holder = _holder(module)
-        if holder is not None:
-            holder.pop()
-
-    setattr(pre, _HOOK_MARK, True)
-    setattr(post, _HOOK_MARK, True)
-    model.register_forward_pre_hook(pre, with_kwargs=True)
-    model.register_forward_hook(post, with_kwargs=True, always_call=True)
+def install_seed_hook(model: torch.nn.Module) -> None:
+    """Root forward pre-hook advancing torch's generator once per forward (see _advance_generator)."""
+    model.register_forward_pre_hook(_advance_generator)
 
 
 def remove_hooks(model: torch.nn.Module) -> None:

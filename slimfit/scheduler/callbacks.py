@@ -6,7 +6,14 @@
 The callback builds the scheduler in ``on_train_begin`` — after the Trainer has created the
 optimizer and wrapped the model (DDP included), as DDP requires — attaches the optimizer,
 and calls ``scheduler.step()`` in ``on_step_end``, i.e. once per optimizer update (after
-gradient accumulation). Pass a ready ``scheduler=`` instead to control construction.
+gradient accumulation). Pass a ready ``scheduler=`` instead to control construction: a
+scheduler freezes nothing until training starts, so an optimizer the Trainer builds from
+``requires_grad`` still holds every layer (attach_optimizer raises or warns if it does not).
+
+``config=`` (a ``slimfit.SlimFitConfig``) also patches the model when the Trainer is built
+(``on_init_end``), so one callback does everything. Each logging step adds
+``slimfit_frozen_share`` (share of scheduled layers frozen, mean since the last log) to the
+Trainer's logs, and ``on_train_end`` unfreezes every layer (``scheduler.close()``).
 
 Checkpoints: ``on_save`` writes ``slimfit_ils.pt`` into the checkpoint folder; when the
 Trainer resumes (``state.global_step > 0`` at ``on_train_begin``), the callback loads it
@@ -26,6 +33,7 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
+from .candidates import unwrap_model
 from .ils import ILSScheduler
 
 __all__ = ["SlimFitCallback", "STATE_FILE"]
@@ -39,16 +47,30 @@ class SlimFitCallback(TrainerCallback):
     Args:
         scheduler: an existing scheduler (else one is built from the model at train begin).
         resume_from: a checkpoint folder to load the scheduler state from.
+        config: a ``SlimFitConfig`` to patch the model with when the Trainer is built.
         **scheduler_kwargs: arguments of :class:`ILSScheduler` (freeze_rate, score, ...).
     """
 
     def __init__(self, scheduler: Optional[ILSScheduler] = None, resume_from: Optional[str] = None,
-                 **scheduler_kwargs):
+                 config=None, **scheduler_kwargs):
         if scheduler is not None and scheduler_kwargs:
             raise TypeError("pass either scheduler= or ILSScheduler arguments, not both")
+        if config is not None and not hasattr(config, "replace"):
+            raise TypeError(f"config must be a slimfit.SlimFitConfig, got {type(config).__name__}")
         self.scheduler = scheduler
         self.resume_from = resume_from
+        self.config = config
         self.scheduler_kwargs = scheduler_kwargs
+        self._frozen_shares: list[float] = []
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        if self.config is not None and model is not None:
+            # The one place the scheduler package reaches up to the patch layer: the Trainer
+            # integration does both jobs, and only when asked to (config=).
+            from slimfit.patch import patch
+
+            patch(unwrap_model(model), self.config)
+        return control
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.scheduler is None:
@@ -68,7 +90,24 @@ class SlimFitCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.scheduler is not None:
+            self._frozen_shares.append(self.scheduler.num_frozen / self.scheduler.num_layers)
             self.scheduler.step()
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Callbacks after this one (the progress printer) and the log history see the share;
+        # reporting integrations that run before user callbacks do not.
+        if logs is not None and self._frozen_shares:
+            share = round(sum(self._frozen_shares) / len(self._frozen_shares), 4)
+            logs["slimfit_frozen_share"] = share
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1]["slimfit_frozen_share"] = share
+            self._frozen_shares.clear()
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.scheduler is not None and not self.scheduler.closed:
+            self.scheduler.close()
         return control
 
     def on_save(self, args, state, control, **kwargs):

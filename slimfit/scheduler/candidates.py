@@ -22,7 +22,14 @@ from typing import Sequence, Union
 import torch
 from torch import nn
 
-__all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained"]
+__all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained",
+           "task_head_names", "TASK_HEAD"]
+
+# always_train="task_head": the freshly initialised head of a Hugging Face task model. These are
+# the attribute names transformers gives it on *ForSequenceClassification / *ForImageClassification /
+# *ForTokenClassification / *ForQuestionAnswering / *ForMultipleChoice (an LM head is pretrained: not listed).
+TASK_HEAD = "task_head"
+TASK_HEAD_MODULES = ("classifier", "score", "qa_outputs")
 
 NamedParams = Sequence[tuple[str, nn.Parameter]]
 
@@ -141,6 +148,20 @@ def resolve_layers(model: nn.Module, layers: Iterable) -> list[tuple[str, nn.Par
     if not out:
         raise ValueError("layers: the explicit layer list is empty")
     return out
+
+
+def task_head_names(model: nn.Module) -> list[str]:
+    """Names of the task-head modules of ``model`` (children named as in TASK_HEAD_MODULES that
+    hold parameters). ValueError when there is none, so a model without a head is not silently
+    scheduled whole."""
+    model = unwrap_model(model)
+    heads = [name for name, child in model.named_children()
+             if name in TASK_HEAD_MODULES and any(True for _ in child.parameters())]
+    if not heads:
+        raise ValueError(
+            f'always_train="task_head": {type(model).__name__} has no task head (a child module named one of '
+            f"{TASK_HEAD_MODULES}); name the head's module instead, e.g. always_train=['head'], or leave it out")
+    return heads
 
 
 def drop_always_trained(named: list[tuple[str, nn.Parameter]],

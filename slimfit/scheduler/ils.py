@@ -34,11 +34,11 @@ import torch
 from torch import nn
 
 from . import budget as _budget
-from .candidates import drop_always_trained, find_candidates, resolve_layers, unwrap_model
+from .candidates import TASK_HEAD, drop_always_trained, find_candidates, resolve_layers, task_head_names, unwrap_model
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
-from .optim import FrozenGradGuard
+from .optim import FROZEN_UPDATES, FrozenGradGuard, check_optimizer_coverage
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
-from .selection import ROUNDINGS, choose_trained, num_frozen, training_order
+from .selection import ROUNDINGS, choose_trained, num_frozen, starved_first, training_order
 
 __all__ = ["ILSScheduler"]
 
@@ -46,6 +46,8 @@ _STATE_VERSION = 1
 # Initial scores: seeded uniform in [INIT_LO, 2 * INIT_LO), far above any real score. The
 # explicit "never trained" flag already puts those layers first; the size mirrors SlimFit.
 INIT_LO = 1e6
+# step() calls in a row without an optimizer step before the scheduler warns that it is stuck.
+IDLE_WARNING_CALLS = 10
 
 
 class ILSScheduler:
@@ -79,7 +81,21 @@ class ILSScheduler:
         always_train: module (or parameter) names whose candidate parameters are not
             scheduled and train every step, e.g. ``["classifier"]`` for a freshly initialised
             task head (SlimFit's code schedules the head like any layer). ValueError when a
-            name matches no candidate.
+            name matches no candidate. ``"task_head"`` names the fresh head of a Hugging Face
+            task model (``classifier`` / ``score`` / ``qa_outputs``; see ``candidates.task_head_names``).
+        frozen_update: ``"none"`` (default): a frozen layer does not move at all. ``"momentum"``:
+            a frozen layer that has optimizer state keeps taking the optimizer's step from its
+            existing moments (a zero gradient is handed to the optimizer for it), as SlimFit's
+            published code effectively did on the PyTorch of its time. No activation cost; the
+            zero gradients are transient (shared per shape for Adam/AdamW).
+        warmup_steps: the freeze rate ramps linearly from 0 to ``freeze_rate`` over this many
+            steps (0: the target rate from the start). During the ramp more layers train, so
+            activation memory is higher.
+        min_train_share: every layer trains in at least this share of the steps so far
+            (layers below it take training slots first, the most starved first); in [0, 1 - rate].
+        release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
+            moments) of a layer once it has been frozen this many consecutive steps; it restarts
+            from fresh state when it trains again. None (default) keeps all state.
         distributed: None = auto (torch.distributed initialised, world size > 1).
         process_group: the group to agree within (default: the world).
         chunk_numel: elements per batched score reduction (bounds temporary memory).
@@ -91,7 +107,9 @@ class ILSScheduler:
                  budget_bytes: Optional[float] = None, min_trained_steps: int = 0,
                  min_frozen_steps: int = 0, seed: int = 0, *, base_bytes: float = 0.0,
                  rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
-                 always_train: Iterable[str] = (),
+                 always_train: Iterable[str] = (), frozen_update: str = "none",
+                 warmup_steps: int = 0, min_train_share: float = 0.0,
+                 release_state_after: Optional[int] = None,
                  distributed: Optional[bool] = None, process_group=None,
                  chunk_numel: int = DEFAULT_CHUNK_NUMEL):
         # ---- what to schedule
@@ -107,7 +125,12 @@ class ILSScheduler:
                 raise TypeError("expected a module or (name, parameter) pairs, e.g. model.named_parameters()")
             named = find_candidates(model_or_named_params)
             check_parallel_wrappers(None, [p for _, p in named])
+        if always_train == TASK_HEAD:
+            if not isinstance(model_or_named_params, nn.Module):
+                raise TypeError('always_train="task_head" needs the model, not a parameter list')
+            always_train = task_head_names(unwrap_model(model_or_named_params))
         named = drop_always_trained(named, always_train)
+        self.always_train = tuple([always_train] if isinstance(always_train, str) else always_train)
         self.names: list[str] = [n for n, _ in named]
         self.params: list[nn.Parameter] = [p for _, p in named]
         L = len(self.params)
@@ -123,6 +146,21 @@ class ILSScheduler:
                 raise ValueError(f"{nm} must be an int >= 0, got {v!r}")
         if chunk_numel < 1:
             raise ValueError("chunk_numel must be >= 1")
+        if frozen_update not in FROZEN_UPDATES:
+            raise ValueError(f"frozen_update must be one of {FROZEN_UPDATES}, got {frozen_update!r}")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
+        if not (0.0 <= float(min_train_share) <= 1.0 - float(freeze_rate) + 1e-12):
+            raise ValueError(f"min_train_share must be in [0, 1 - freeze_rate] = [0, {1 - freeze_rate:g}] "
+                             f"(no more than the share of layers that train each step), got {min_train_share!r}")
+        if release_state_after is not None and (isinstance(release_state_after, bool)
+                                                or not isinstance(release_state_after, int)
+                                                or release_state_after < 1):
+            raise ValueError(f"release_state_after must be None or an int >= 1, got {release_state_after!r}")
+        self.frozen_update = frozen_update
+        self.warmup_steps = warmup_steps
+        self.min_train_share = float(min_train_share)
+        self.release_state_after = release_state_after
         self.freeze_rate = float(freeze_rate)
         self.score = score
         self.rounding = rounding
@@ -154,6 +192,7 @@ class ILSScheduler:
         self._seen = torch.zeros(L, dtype=torch.bool)      # has a real score
         self._trained = torch.zeros(L, dtype=torch.bool)   # current decision: trains this step
         self._age = torch.zeros(L, dtype=torch.long)       # steps spent in the current state
+        self._train_count = torch.zeros(L, dtype=torch.long)  # steps each layer trained so far
         self._zero_flags = [False] * L                    # W_old had zeros: zero-aware relative score
         self._step = 0
         self.skipped_steps = 0
@@ -161,10 +200,22 @@ class ILSScheduler:
         self._guard: Optional[FrozenGradGuard] = None
         self._opt_steps_seen = 0
         self._closed = False
+        self._idle_calls = 0  # step() calls in a row that followed no optimizer step
+        self._warned_idle = False
 
         self._decide(first=True)
-        self._apply()
         self._snapshot()
+        # The first frozen set is applied when training starts (the model's first forward,
+        # attach_optimizer or step()), not now: an optimizer or DDP wrapper built after the
+        # scheduler from `p.requires_grad` must still see every scheduled parameter, or the
+        # layers frozen now would never train (Trainer builds its optimizer that way).
+        self._pending = True
+        self._forward_hook = None
+        if isinstance(model_or_named_params, nn.Module):
+            self._forward_hook = unwrap_model(model_or_named_params).register_forward_pre_hook(
+                self._apply_on_first_forward)
+        else:
+            self.apply()  # no model to watch: a parameter list is frozen at once
         if optimizer is not None:
             self.attach_optimizer(optimizer)
 
@@ -185,6 +236,11 @@ class ILSScheduler:
     @property
     def step_count(self) -> int:
         return self._step
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close()``: every layer unfrozen, no more steps."""
+        return self._closed
 
     def frozen_names(self) -> list[str]:
         return [n for n, t in zip(self.names, self._trained.tolist()) if not t]
@@ -207,13 +263,34 @@ class ILSScheduler:
         num_frozen(rate, self.num_layers, self.rounding)
         self.freeze_rate = float(rate)
 
+    def apply(self) -> None:
+        """Apply the current frozen set to ``requires_grad`` now. Done by itself at the model's
+        first forward, at ``attach_optimizer`` and at ``step()``; call it to freeze earlier."""
+        self._pending = False
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        self._apply()
+
+    def _apply_on_first_forward(self, module, args):
+        if self._pending and not self._closed:
+            self.apply()
+
     def attach_optimizer(self, optimizer) -> FrozenGradGuard:
-        """Hook ``optimizer`` so frozen parameters have ``grad is None`` at every update, and
-        so ``step()`` can skip iterations where the optimizer did not step."""
+        """Hook ``optimizer`` so frozen parameters have ``grad is None`` at every update (or,
+        with ``frozen_update="momentum"``, a zero gradient when they have optimizer state), and
+        so ``step()`` can skip iterations where the optimizer did not step.
+
+        Raises ValueError when the optimizer holds none of the scheduled parameters, and warns
+        when it misses some: those layers could never train."""
+        check_optimizer_coverage(optimizer, self.names, self.params)
         if self._guard is not None:
             self._guard.remove()
-        self._guard = FrozenGradGuard(optimizer, self._frozen_params)
+        self._guard = FrozenGradGuard(optimizer, self._frozen_params, frozen_update=self.frozen_update)
         self._opt_steps_seen = self._guard.steps
+        self._idle_calls = 0
+        if self._pending:
+            self.apply()
         return self._guard
 
     @torch.no_grad()
@@ -226,11 +303,25 @@ class ILSScheduler:
         """
         if self._closed:
             raise RuntimeError("this ILSScheduler was closed")
+        if self._pending:
+            self.apply()
         if self._guard is not None:
             if self._guard.steps == self._opt_steps_seen:
                 self.skipped_steps += 1
+                self._idle_calls += 1
+                # Gradients accumulating between calls mean micro-batches (fine); cleared
+                # gradients with no step of the attached optimizer mean another optimizer steps.
+                cleared = all(p.grad is None for p, t in zip(self.params, self._trained.tolist()) if t)
+                if self._idle_calls >= IDLE_WARNING_CALLS and self._guard.steps == 0 and cleared \
+                        and not self._warned_idle:
+                    self._warned_idle = True
+                    warnings.warn(
+                        f"ILSScheduler.step() was called {IDLE_WARNING_CALLS} times and the attached optimizer has "
+                        "never stepped, so the frozen set has not changed: attach the optimizer that updates "
+                        "this model (attach_optimizer), and call step() once per optimizer step", stacklevel=2)
                 return
             self._opt_steps_seen = self._guard.steps
+            self._idle_calls = 0
         idx = self._trained.nonzero().flatten().tolist()
         if idx:
             flags = [self._zero_flags[i] for i in idx]
@@ -249,11 +340,15 @@ class ILSScheduler:
             self._seen[it] = True
         else:
             in_pass = False
+        self._train_count += self._trained.long()
         self._age += 1
         self._step += 1
         self._decide(first=False)
         self._apply()
         self._snapshot(refresh=not in_pass)
+        if self.release_state_after is not None and self._guard is not None:
+            long_frozen = (~self._trained) & (self._age >= self.release_state_after)
+            self._guard.release_state([self.params[i] for i in long_frozen.nonzero().flatten().tolist()])
 
     def state_dict(self, include_snapshots: bool = False) -> dict[str, Any]:
         """Everything the decisions depend on. Snapshots (weights at the last ``step()``) are
@@ -268,6 +363,7 @@ class ILSScheduler:
             "seen": self._seen.clone(),
             "trained": self._trained.clone(),
             "age": self._age.clone(),
+            "train_count": self._train_count.clone(),
             "zero_flags": list(self._zero_flags),
             "step": self._step,
             "skipped_steps": self.skipped_steps,
@@ -302,10 +398,11 @@ class ILSScheduler:
         self._seen = torch.as_tensor(state["seen"], dtype=torch.bool).clone().reshape(L)
         self._trained = torch.as_tensor(state["trained"], dtype=torch.bool).clone().reshape(L)
         self._age = torch.as_tensor(state["age"], dtype=torch.long).clone().reshape(L)
+        self._train_count = torch.as_tensor(state.get("train_count", torch.zeros(L)), dtype=torch.long).clone().reshape(L)
         self._zero_flags = [bool(f) for f in state.get("zero_flags", [False] * L)]
         self._step = int(state["step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        self._apply()
+        self.apply()
         self._snap = {}
         snaps = state.get("snapshots")
         if snaps:
@@ -343,6 +440,10 @@ class ILSScheduler:
         """Unfreeze every layer, remove optimizer hooks, free the snapshots."""
         for p in self.params:
             p.requires_grad_(True)
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        self._pending = False
         if self._guard is not None:
             self._guard.remove()
             self._guard = None
@@ -359,14 +460,22 @@ class ILSScheduler:
         return {"freeze_rate": self.freeze_rate, "score": self.score, "rounding": self.rounding,
                 "memory_aware": self.memory_aware, "budget_bytes": self.budget_bytes,
                 "base_bytes": self.base_bytes, "min_trained_steps": self.min_trained_steps,
-                "min_frozen_steps": self.min_frozen_steps, "seed": self.seed}
+                "min_frozen_steps": self.min_frozen_steps, "seed": self.seed,
+                "frozen_update": self.frozen_update, "warmup_steps": self.warmup_steps,
+                "min_train_share": self.min_train_share, "release_state_after": self.release_state_after}
 
     def _frozen_params(self) -> list[nn.Parameter]:
         return [p for p, t in zip(self.params, self._trained.tolist()) if not t]
 
+    def current_rate(self) -> float:
+        """The freeze rate in force for the next step (below freeze_rate during warm-up)."""
+        if self.warmup_steps and self._step < self.warmup_steps:
+            return self.freeze_rate * self._step / self.warmup_steps
+        return self.freeze_rate
+
     def _decide(self, first: bool) -> None:
         L = self.num_layers
-        n_train = L - num_frozen(self.freeze_rate, L, self.rounding)
+        n_train = L - num_frozen(self.current_rate(), L, self.rounding)
         order = training_order(self._scores, self._seen, self._bytes, self.memory_aware)
         must_train: Sequence[bool] = ()
         must_freeze: Sequence[bool] = ()
@@ -375,6 +484,10 @@ class ILSScheduler:
                 must_train = (self._trained & (self._age < self.min_trained_steps)).tolist()
             if self.min_frozen_steps > 0:
                 must_freeze = (~self._trained & self._seen & (self._age < self.min_frozen_steps)).tolist()
+            if self.min_train_share > 0:
+                order, starved = starved_first(order, self._train_count, self._step, self.min_train_share)
+                if starved:
+                    must_train = [a or b for a, b in zip(must_train or [False] * L, starved)]
         room = None
         if self.budget_bytes is not None:
             room = self.budget_bytes - self.base_bytes

@@ -17,16 +17,26 @@ Optimizer state (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``) is untouched: to
 optimizers skip a parameter with no grad and keep its state, so a layer resumes with its
 moments and step count when it is unfrozen.
 
+``frozen_update="momentum"`` is the opposite choice, on purpose: a frozen parameter that has
+optimizer state is handed a zero gradient for the update, so AdamW keeps moving it by its
+decaying first moment (and weight decay), as SlimFit's published code did on the PyTorch of its
+time (``zero_grad()`` left zero-filled gradients). Parameters with no state yet (never trained)
+still stand still. The zero gradients live only during ``optimizer.step()``; for the
+non-fused Adam/AdamW, which only read gradients, one zero tensor per shape is shared.
+
 Wrappers such as accelerate's ``AcceleratedOptimizer`` are unwrapped (``.optimizer``) so the
 hooks sit on the torch optimizer that actually updates the weights.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 
-__all__ = ["unwrap_optimizer", "FrozenGradGuard"]
+__all__ = ["unwrap_optimizer", "FrozenGradGuard", "check_optimizer_coverage", "FROZEN_UPDATES"]
+
+FROZEN_UPDATES = ("none", "momentum")
 
 
 def unwrap_optimizer(optimizer) -> torch.optim.Optimizer:
@@ -42,25 +52,83 @@ def unwrap_optimizer(optimizer) -> torch.optim.Optimizer:
     return opt
 
 
+def check_optimizer_coverage(optimizer, names: list, params: list) -> None:
+    """ValueError when ``optimizer`` holds none of the scheduled ``params``; a warning naming
+    the first few when it misses some (a layer the optimizer does not hold never trains)."""
+    opt = unwrap_optimizer(optimizer)
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    missing = [n for n, p in zip(names, params) if id(p) not in held]
+    if len(missing) == len(params):
+        raise ValueError(
+            f"the optimizer holds none of the {len(params)} layers the scheduler schedules: it belongs to another "
+            "model, or was built from parameters that were frozen at the time; build it over model.parameters()")
+    if missing:
+        warnings.warn(
+            f"the optimizer does not hold {len(missing)} of the {len(params)} scheduled layers (e.g. {missing[:3]}); "
+            "they will never train. Build the optimizer over model.parameters() (the scheduler flips "
+            "requires_grad every step, so filtering on p.requires_grad at build time drops layers)", stacklevel=3)
+
+
+def _reads_grads_only(opt: torch.optim.Optimizer) -> bool:
+    """Optimizers known to read .grad without writing it (safe to share one zero tensor)."""
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    return not any(g.get("fused") or g.get("differentiable") for g in opt.param_groups)
+
+
 class FrozenGradGuard:
     """Hooks on one optimizer. ``frozen_params`` returns the parameters frozen right now."""
 
-    def __init__(self, optimizer, frozen_params: Callable[[], list]):
+    def __init__(self, optimizer, frozen_params: Callable[[], list], frozen_update: str = "none"):
+        if frozen_update not in FROZEN_UPDATES:
+            raise ValueError(f"frozen_update must be one of {FROZEN_UPDATES}, got {frozen_update!r}")
         self.optimizer = unwrap_optimizer(optimizer)
         self._frozen_params = frozen_params
+        self.frozen_update = frozen_update
         self.steps = 0             # optimizer steps seen (post-hook)
         self.dropped = 0           # grads dropped from frozen parameters (pre-hook)
+        self.momentum_updates = 0  # frozen parameters moved by their moments (frozen_update="momentum")
+        self._zero_filled: list = []
+        self._shared_zeros: dict = {}
         self._pre = self.optimizer.register_step_pre_hook(self._pre_hook)
         self._post = self.optimizer.register_step_post_hook(self._post_hook)
 
+    def _zeros(self, p: torch.Tensor) -> torch.Tensor:
+        if not _reads_grads_only(self.optimizer):
+            return torch.zeros_like(p)
+        key = (tuple(p.shape), p.dtype, p.device)
+        z = self._shared_zeros.get(key)
+        if z is None:
+            z = self._shared_zeros[key] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        return z
+
     def _pre_hook(self, optimizer, args, kwargs):
+        momentum = self.frozen_update == "momentum"
+        state = self.optimizer.state
         for p in self._frozen_params():
-            if p.grad is not None:
+            if momentum and state.get(p):
+                p.grad = self._zeros(p)
+                self._zero_filled.append(p)
+                self.momentum_updates += 1
+            elif p.grad is not None:
                 p.grad = None
                 self.dropped += 1
 
     def _post_hook(self, optimizer, args, kwargs):
         self.steps += 1
+        for p in self._zero_filled:
+            p.grad = None
+        self._zero_filled.clear()
+        self._shared_zeros.clear()
+
+    def release_state(self, params: list) -> int:
+        """Drop the optimizer state of ``params`` (they restart from fresh state when they
+        train again); returns how many had state."""
+        n = 0
+        for p in params:
+            if self.optimizer.state.pop(p, None) is not None:
+                n += 1
+        return n
 
     def remove(self) -> None:
         self._pre.remove()

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["num_frozen", "training_order", "choose_trained"]
+__all__ = ["num_frozen", "training_order", "choose_trained", "starved_first"]
 
 ROUNDINGS = ("round", "floor")
 
@@ -109,3 +109,19 @@ def choose_trained(order: Sequence[int], n_train: int, *,
         for i in order:
             try_add(i)
     return sorted(chosen)
+
+
+def starved_first(order: Sequence[int], train_count: torch.Tensor, steps: int,
+                  min_share: float) -> tuple[list[int], list[bool]]:
+    """``order`` with the layers that trained in less than ``min_share`` of ``steps`` moved to
+    the front, the most starved (lowest share) first, and a per-layer flag of those layers.
+    The flag goes to ``choose_trained`` as ``must_train``."""
+    need = min_share * (steps + 1)  # by the end of the coming step
+    counts = train_count.tolist()
+    starved = [c < need - 1e-9 for c in counts]
+    if not any(starved):
+        return list(order), [False] * len(counts)
+    rank = {i: r for r, i in enumerate(order)}
+    front = sorted((i for i in order if starved[i]), key=lambda i: (counts[i], rank[i]))
+    rest = [i for i in order if not starved[i]]
+    return front + rest, starved

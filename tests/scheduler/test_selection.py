@@ -35,6 +35,9 @@ def test_exact_counts(L, rate):
     bank = Bank(L)
     s = ILSScheduler(bank, freeze_rate=rate)
     expect = min(math.floor(rate * L + 0.5), L - 1)
+    # The decision is made at construction, applied when training starts (here: by hand).
+    assert all(p.requires_grad for p in bank.w)
+    s.apply()
     for _ in range(4):
         assert s.num_frozen == expect == len(s.frozen_names())
         assert sum(p.requires_grad for p in bank.w) == L - expect
