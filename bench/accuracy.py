@@ -24,8 +24,14 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   paper_topk@R      paper() with P pruned to its top 10% per row instead of 8-bit (paper() before
                     it followed the SlimFit code's 8-bit P; bench/results/grad_fidelity_cpu.md)
   wta_crs_topk@R    wta_crs@R with paper_topk's P
-  paper@R+head      (also exact / aggressive / paper_topk / wta_crs) the same, but the freshly initialised task head
+  paper_ln8@R       paper() with frozen LayerNorm x̂ at 8 bits instead of top-10%
+  paper_gelu8@R     paper() with the GELU input at 8 bits instead of 4
+  paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
+  ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
+  ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
+  ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
+                    options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
                     and FFN linears, as the paper) + scheduler at rate R; needs sample ids: the
                     loop passes the batch's dataset indices
@@ -89,26 +95,55 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
     return spec, None
 
 
-def parse_spec(spec: str) -> tuple[str, float | None, bool]:
-    """'paper@0.9+head' -> ('paper', 0.9, True)."""
-    head = spec.endswith(HEAD_SUFFIX)
-    name, rate = _with_rate(spec[:-len(HEAD_SUFFIX)] if head else spec)
-    return name, rate, head
+SCHEDULED = ("exact", "paper", "aggressive", "paper_topk", "paper_ln8", "paper_gelu8", "wta_crs", "wta_crs_topk")
+# Compression variants of paper(), one choice changed each (issue: which lossy choice costs accuracy).
+VARIANTS = {
+    "paper_topk": PAPER_TOPK,
+    "paper_ln8": SlimFitConfig.paper().replace(layernorm_frozen="int8"),   # frozen LayerNorm x̂ at 8 bits, not top-10%
+    "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),             # GELU input at 8 bits, not 4
+}
 
 
-def method_prepare(spec: str):
+def parse_spec(spec: str) -> tuple[str, float | None, dict]:
+    """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
+    methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
+    (rate warm-up over NN% of the steps), +minNN (every layer trains in at least NN% of the steps)."""
+    base, *suffixes = spec.split("+")
+    if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
+        return "paper+lora", None, {}
+    name, rate = _with_rate(base)
+    options: dict = {}
+    for suffix in suffixes:
+        if suffix == "head":
+            options["head"] = True
+        elif suffix == "mom":
+            options["frozen_update"] = "momentum"
+        elif suffix.startswith("warm") and suffix[4:].isdigit():
+            options["warmup_share"] = int(suffix[4:]) / 100
+        elif suffix.startswith("min") and suffix[3:].isdigit():
+            options["min_train_share"] = int(suffix[3:]) / 100
+        else:
+            raise SystemExit(f"{spec!r}: unknown option +{suffix} (see the docstring of bench/accuracy.py)")
+    return name, rate, options
+
+
+def method_prepare(spec: str, steps: int = 0):
     """(prepare callable, uses the few-parameter learning rate) for a method spec."""
-    name, rate, head = parse_spec(spec)
-    if head and name not in ("exact", "paper", "aggressive", "paper_topk", "wta_crs", "wta_crs_topk"):
-        raise SystemExit(f"{spec!r}: {HEAD_SUFFIX} applies to the scheduled methods (exact, paper, aggressive, wta_crs)")
+    name, rate, options = parse_spec(spec)
+    if options and name not in SCHEDULED:
+        raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
+    always_train = ("classifier",) if options.pop("head", False) else ()
+    sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
+    if "warmup_share" in options:
+        sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
     if name == "full":
         return prepare_preset(None, 0.0), False
-    if name in ("exact", "paper", "aggressive", "paper_topk"):
-        config = PAPER_TOPK if name == "paper_topk" else name
-        return prepare_preset(config, 0.9 if rate is None else rate, ("classifier",) if head else ()), False
+    if name in ("exact", "paper", "aggressive") or name in VARIANTS:
+        config = VARIANTS.get(name, name)
+        return prepare_preset(config, 0.9 if rate is None else rate, always_train, sched_kwargs, label=name), False
     if name in ("wta_crs", "wta_crs_topk"):
-        return _prepare_sampled(0.9 if rate is None else rate, ("classifier",) if head else (),
-                                "topk" if name == "wta_crs_topk" else "int8"), False
+        return _prepare_sampled(0.9 if rate is None else rate, always_train,
+                                "topk" if name == "wta_crs_topk" else "int8", sched_kwargs), False
     if name == "lora":
         return (lambda model, seed: Prepared(_lora(model), None, "LoRA r=8")), True
     if name == "paper+lora":
@@ -124,7 +159,8 @@ def method_prepare(spec: str):
     raise SystemExit(f"unknown method {spec!r}; see the docstring of bench/accuracy.py")
 
 
-def _prepare_sampled(rate: float, always_train: tuple[str, ...] = (), attn_probs: str = "int8"):
+def _prepare_sampled(rate: float, always_train: tuple[str, ...] = (), attn_probs: str = "int8",
+                     sched_kwargs: dict | None = None):
     def prepare(model, seed):
         import slimfit
         from slimfit.scheduler import ILSScheduler
@@ -136,7 +172,8 @@ def _prepare_sampled(rate: float, always_train: tuple[str, ...] = (), attn_probs
         def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
             return {"sample_ids": torch.tensor(indices)}
 
-        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train),
+        return Prepared(model, ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train,
+                                            **(sched_kwargs or {})),
                         f"slimfit paper + WTA-CRS {SAMPLED_RATIO}, rate {rate}", on_batch)
 
     return prepare
@@ -338,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.task != "text" and any(parse_spec(m)[0] in TEXT_ONLY for m in methods):
         raise SystemExit(f"methods {', '.join(TEXT_ONLY)} convert BERT-family / GPT-2 models: text task only")
-    plans = {m: method_prepare(m) for m in methods}  # unknown methods fail before any training
+    plans = {m: method_prepare(m, args.steps) for m in methods}  # unknown methods fail before any training
     try:
         task = TextTask(args) if args.task == "text" else ImageTask(args)
     except assets.MissingAsset as exc:

@@ -34,10 +34,12 @@ class Prepared:
     on_batch: Optional[Callable] = None
 
 
-def prepare_preset(preset, rate: float, always_train: tuple[str, ...] = ()) -> Callable:
+def prepare_preset(preset, rate: float, always_train=(), scheduler_options: dict | None = None,
+                   label: str | None = None) -> Callable:
     """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
     SlimFitConfig) + the scheduler at `rate`
-    (`always_train`: module names the scheduler leaves out and trains every step, e.g. the task head)."""
+    (`always_train`: module names the scheduler leaves out and trains every step, e.g. the task head,
+    or "task_head"; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update)."""
 
     def prepare(model, seed: int) -> Prepared:
         import slimfit
@@ -47,10 +49,12 @@ def prepare_preset(preset, rate: float, always_train: tuple[str, ...] = ()) -> C
             return Prepared(model, None, "plain PyTorch")
         config = slimfit.SlimFitConfig.preset(preset) if isinstance(preset, str) else preset
         slimfit.patch(model, config)
-        scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train)
-        head = f", {'+'.join(always_train)} always trains" if always_train else ""
-        label = preset if isinstance(preset, str) else "custom config"
-        return Prepared(model, scheduler, f"slimfit {label}, rate {rate}{head}")
+        options = dict(scheduler_options or {})
+        scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train, **options)
+        heads = [always_train] if isinstance(always_train, str) else list(always_train)
+        extras = ([f"{'+'.join(heads)} always trains"] if heads else []) + [f"{k}={v}" for k, v in options.items()]
+        name = label or (preset if isinstance(preset, str) else "custom config")
+        return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras))
 
     return prepare
 

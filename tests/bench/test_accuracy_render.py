@@ -41,12 +41,17 @@ def test_head_suffix_only_on_scheduled_methods():
     for spec in ("paper@0.9+head", "exact@0.5+head", "wta_crs@0.9+head"):
         prepare, few_params_lr = accuracy.method_prepare(spec)
         assert callable(prepare) and not few_params_lr
-    with pytest.raises(SystemExit, match="applies to the scheduled methods"):
+    with pytest.raises(SystemExit, match="apply to the scheduled methods"):
         accuracy.method_prepare("lora+head")
+    with pytest.raises(SystemExit, match="unknown option"):
+        accuracy.method_prepare("paper@0.9+fast")
 
 
 def test_parse_spec():
     accuracy = load_bench("accuracy")
-    assert accuracy.parse_spec("paper@0.9+head") == ("paper", 0.9, True)
-    assert accuracy.parse_spec("wta_crs@0.5") == ("wta_crs", 0.5, False)
-    assert accuracy.parse_spec("lora") == ("lora", None, False)
+    assert accuracy.parse_spec("paper@0.9+head") == ("paper", 0.9, {"head": True})
+    assert accuracy.parse_spec("wta_crs@0.5") == ("wta_crs", 0.5, {})
+    assert accuracy.parse_spec("lora") == ("lora", None, {})
+    assert accuracy.parse_spec("paper+lora") == ("paper+lora", None, {})
+    assert accuracy.parse_spec("paper_ln8@0.9+head+mom+warm10+min5") == (
+        "paper_ln8", 0.9, {"head": True, "frozen_update": "momentum", "warmup_share": 0.1, "min_train_share": 0.05})
