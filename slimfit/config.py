@@ -48,6 +48,9 @@ class SlimFitConfig:
     sample_targets      'paper' (attention output projection and the FFN linears of a known family, never
                         Q/K/V) or 'all' (every linear layer)
     sample_norms        stale gradient norms kept per 'token' or one per 'sample' (NormCache per_token)
+    lm_head_chunk_rows  *ForCausalLM (Llama, Mistral, Qwen2/3, GPT-2) trained with labels: the loss through a chunked
+                        linear + cross-entropy of this many rows at a time (the B·S·vocab logits are never kept;
+                        training outputs then have logits=None; docs/decoders.md); None: the model's own head and loss
 
     Convolutions (nn.Conv1d/2d/3d) with a frozen weight always take a lossless fast path that saves
     no activation (slimfit.autograd.conv); there is nothing to configure.
@@ -75,6 +78,7 @@ class SlimFitConfig:
     sample_min_rows: int = 10
     sample_targets: str = "paper"
     sample_norms: str = "token"
+    lm_head_chunk_rows: int | None = None
 
     def __post_init__(self):
         for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits", "qkv_bits"):
@@ -106,6 +110,9 @@ class SlimFitConfig:
                 "(they configure slimfit's attention core)"
             )
         self._check_sampling()
+        rows = self.lm_head_chunk_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"SlimFitConfig.lm_head_chunk_rows must be None or an int >= 1, got {rows!r}")
 
     def _check_sampling(self) -> None:
         if self.linear_sampling not in _SAMPLING:
@@ -161,6 +168,7 @@ class SlimFitConfig:
             qkv_bits=8,
             attn_probs="int8",
             dropout="seed",
+            lm_head_chunk_rows=256,
         )
 
     @classmethod

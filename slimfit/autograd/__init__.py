@@ -10,6 +10,7 @@
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
     attention(...)  (slimfit/autograd/attention.py)
+    linear_cross_entropy(x, weight, bias, labels, *, chunk_rows=256) / causal_lm_loss(...)   (LM head, no logits kept)
     fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
 
 See docs/autograd.md for what each saves and the measured gradient errors.
@@ -20,11 +21,13 @@ from .fused_attention import fused_attention
 from .gelu import gelu
 from .layernorm import layer_norm
 from .linear import linear
+from .linear_cross_entropy import causal_lm_loss, linear_cross_entropy
 from .matmul import matmul
 from .rmsnorm import rms_norm
 from .silu import silu, swiglu
 
 __all__ = ["conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
+__all__ += ["causal_lm_loss", "linear_cross_entropy"]
 
 try:
     from .attention import attention  # noqa: F401  (built in parallel; optional until it lands)

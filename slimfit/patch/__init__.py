@@ -254,6 +254,7 @@ def unpatch(model: nn.Module) -> nn.Module:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
         return model
     remove_hooks(model)
+    unpatch_causal_lm(model)
     for module in model.modules():
         original = getattr(module, ORIGINAL_CLASS, None)
         if original is not None:

@@ -1,0 +1,216 @@
+"""Linear + cross-entropy in chunks of rows: the B·S·vocab logits of a language-model head are
+never kept for backward (nor held whole at any time).
+
+    loss = linear_cross_entropy(hidden, weight, bias, labels)           # mean over non-ignored labels
+    loss = causal_lm_loss(hidden, weight, bias, labels)                 # + Hugging Face's shift
+
+Forward computes the logits of `chunk_rows` rows at a time (in the compute dtype: the input's, or
+the autocast dtype), upcasts them to fp32 as transformers' `ForCausalLMLoss` does, and keeps one
+logsumexp per row. What is saved depends on what needs a gradient (the scheduler's contract,
+`weight.requires_grad`):
+
+* trainable head weight (or bias): the input rows (compute dtype), the fp32 logsumexp per row and
+  the labels; backward recomputes each chunk's logits (one extra head GEMM) and forms the
+  gradients chunk by chunk;
+* frozen head (only the input needs a gradient): the input gradient is formed in forward, chunk by
+  chunk, and is the only thing saved (as many bytes as the input); backward scales it by the
+  incoming gradient. No logits are recomputed and no weight-gradient GEMM runs.
+
+Tied embeddings need nothing special: the head weight is the embedding's parameter, and autograd
+adds this function's weight gradient to the embedding's.
+
+Reduction as transformers': the sum of the per-row losses divided by the number of non-ignored
+labels, or by `num_items_in_batch` when given. A batch whose labels are all ignored gives NaN (0/0)
+and zero gradients, as `F.cross_entropy` does. On the CPU, rows whose label is ignored are dropped
+before the head GEMM (exact: they contribute nothing); on other devices every row is computed, so
+the step never waits for the host to count them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import autocast_dtype, backward_once, cast, check_float, check_same_dtype, no_autocast
+
+__all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS"]
+
+DEFAULT_CHUNK_ROWS = 256
+
+
+def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                       row_scale: torch.Tensor) -> torch.Tensor:
+    """d loss / d logits of one chunk (fp32, in place on `logits`): (softmax - onehot) * row_scale,
+    zero on ignored rows (row_scale is 0 there, never NaN)."""
+    probs = logits.sub_(lse.unsqueeze(1)).exp_()
+    probs.scatter_add_(1, labels.unsqueeze(1), -valid.to(probs.dtype).unsqueeze(1))
+    return probs.mul_(row_scale.unsqueeze(1))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, labels, denominator, ignore_index, chunk_rows, compute_dtype):
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        eager = need_x and not (need_w or need_b)
+        device_type = x.device.type
+        n = x.shape[0]
+        valid_all = labels != ignore_index
+        safe_all = torch.where(valid_all, labels, torch.zeros_like(labels))
+        # Per-row factor of the gradient, without the incoming gradient: 1/denominator on
+        # labelled rows, 0 elsewhere (also when the denominator is 0: no NaN in the gradient).
+        scale_all = torch.where(valid_all, 1.0 / denominator, torch.zeros((), device=x.device))
+        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        lse_all = torch.empty(n, dtype=torch.float32, device=x.device) if not eager else None
+        grad_x = torch.empty_like(x) if eager else None
+        with no_autocast(device_type):
+            w = weight.to(compute_dtype)
+            b = cast(bias, compute_dtype)
+            for start in range(0, n, chunk_rows):
+                end = min(start + chunk_rows, n)
+                xc = x[start:end].to(compute_dtype)
+                logits = F.linear(xc, w, b).float()  # fp32 upcast, as ForCausalLMLoss
+                lse = torch.logsumexp(logits, dim=1)
+                valid, safe = valid_all[start:end], safe_all[start:end]
+                target = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
+                total = total + torch.where(valid, lse - target, torch.zeros_like(lse)).sum()
+                if eager:
+                    g = _chunk_grad_logits(logits, lse, safe, valid, scale_all[start:end])
+                    grad_x[start:end] = g.to(compute_dtype).mm(w).to(x.dtype)
+                else:
+                    lse_all[start:end] = lse
+        ctx.eager = eager
+        ctx.chunk_rows = chunk_rows
+        ctx.compute_dtype = compute_dtype
+        ctx.device_type = device_type
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
+        if eager:
+            ctx.save_for_backward(grad_x)
+        else:
+            # The weight and bias are parameters (no activation memory); x in the compute dtype, as
+            # F.linear under autocast would keep it.
+            ctx.ignore_index = ignore_index
+            ctx.save_for_backward(x.to(compute_dtype), weight, bias, lse_all, labels, denominator)
+        return total / denominator
+
+    @staticmethod
+    @backward_once("linear_cross_entropy")
+    def backward(ctx, grad_loss):
+        if ctx.eager:
+            (grad_x,) = ctx.saved_tensors
+            return (grad_x * grad_loss).to(ctx.x_dtype), None, None, None, None, None, None, None
+        x, weight, bias, lse_all, labels, denominator = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        cd, rows, n = ctx.compute_dtype, ctx.chunk_rows, x.shape[0]
+        valid_all = labels != ctx.ignore_index
+        safe_all = torch.where(valid_all, labels, torch.zeros_like(labels))
+        zero = torch.zeros((), device=x.device)
+        row_scale_all = torch.where(valid_all, grad_loss.float() / denominator, zero)
+        grad_x = torch.empty(x.shape, dtype=ctx.x_dtype, device=x.device) if need_x else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=x.device) if need_b else None
+        with no_autocast(ctx.device_type):
+            w = weight.to(cd)
+            b = cast(bias, cd)
+            for start in range(0, n, rows):
+                end = min(start + rows, n)
+                xc = x[start:end]
+                logits = F.linear(xc, w, b).float()
+                g = _chunk_grad_logits(logits, lse_all[start:end], safe_all[start:end], valid_all[start:end],
+                                       row_scale_all[start:end]).to(cd)
+                if need_x:
+                    grad_x[start:end] = g.mm(w).to(ctx.x_dtype)
+                if need_w:
+                    grad_w += g.t().mm(xc)
+                if need_b:
+                    grad_b += g.sum(0)
+        grad_w = None if grad_w is None else grad_w.to(ctx.w_dtype)
+        grad_b = None if grad_b is None else grad_b.to(ctx.b_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """Labels outside [0, vocab) other than ignore_index: a clear error (F.cross_entropy raises too).
+    Checked on the CPU only, where reading the result costs no device synchronisation."""
+    if labels.device.type != "cpu":
+        return
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))
+    if bool(bad.any()):
+        value = int(labels[bad][0])
+        raise ValueError(f"slimfit.linear_cross_entropy: label {value} is outside [0, {vocab}) (the head's "
+                         f"vocabulary) and is not ignore_index={ignore_index}")
+
+
+def linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> torch.Tensor:
+    """`F.cross_entropy(F.linear(x, weight, bias).float().view(-1, V), labels.view(-1), ignore_index=...)`
+    (mean over non-ignored labels; or the sum divided by `num_items_in_batch` when given) without
+    keeping the logits: `chunk_rows` rows of logits at a time. Returns a 0-d fp32 tensor.
+
+    x: (..., hidden); labels: integer tensor of x's leading shape (already shifted for a causal LM)."""
+    check_float("linear_cross_entropy", "input", x)
+    check_float("linear_cross_entropy", "weight", weight)
+    check_float("linear_cross_entropy", "bias", bias)
+    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"slimfit.linear_cross_entropy: input {tuple(x.shape)} and weight {tuple(weight.shape)} "
+                         "do not match: weight must be (vocab, hidden) with hidden = the input's last dimension")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"slimfit.linear_cross_entropy: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise TypeError("slimfit.linear_cross_entropy: labels must be an integer tensor of class indices")
+    if tuple(labels.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"slimfit.linear_cross_entropy: labels {tuple(labels.shape)} must have the input's "
+                         f"leading shape {tuple(x.shape[:-1])}")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    compute_dtype = autocast_dtype(x.device.type)
+    if compute_dtype is None:
+        check_same_dtype("linear_cross_entropy", input=x, weight=weight, bias=bias)
+        compute_dtype = x.dtype
+
+    x2 = x.reshape(-1, x.shape[-1])
+    labels = labels.reshape(-1).to(device=x.device, dtype=torch.long)
+    _check_labels(labels, weight.shape[0], ignore_index)
+    valid = labels != ignore_index
+    if num_items_in_batch is None:
+        denominator = valid.sum().float()
+    elif torch.is_tensor(num_items_in_batch):
+        denominator = num_items_in_batch.to(device=x.device, dtype=torch.float32)
+    else:
+        denominator = torch.tensor(float(num_items_in_batch), device=x.device)
+    if x.device.type == "cpu" and not bool(valid.all()):
+        # Ignored rows contribute nothing: skip their GEMMs (index_select's backward scatters zeros back).
+        keep = valid.nonzero().squeeze(1)
+        x2, labels = x2.index_select(0, keep), labels.index_select(0, keep)
+    return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, ignore_index, chunk_rows,
+                                     compute_dtype)
+
+
+def causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    *,
+    shift_labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> torch.Tensor:
+    """transformers' `ForCausalLMLoss(lm_head(hidden), labels, ...)` without the logits: position t
+    predicts labels[t + 1] (the last position predicts nothing), unless `shift_labels` is given
+    (then used as is). hidden: (batch, seq, hidden_size)."""
+    if shift_labels is None:
+        if labels is None:
+            raise ValueError("slimfit.causal_lm_loss: give labels or shift_labels")
+        labels = labels.to(hidden.device)
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return linear_cross_entropy(hidden, weight, bias, shift_labels.to(hidden.device), ignore_index=ignore_index,
+                                num_items_in_batch=num_items_in_batch, chunk_rows=chunk_rows)

@@ -1,0 +1,208 @@
+"""slimfit.autograd.linear_cross_entropy / causal_lm_loss: loss and gradients equal to transformers'
+ForCausalLMLoss(lm_head(hidden)) within fp32 rounding, never a B·S·vocab tensor saved, the frozen head
+without logits recomputation nor weight-gradient GEMM."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from slimfit.autograd.linear_cross_entropy import causal_lm_loss, linear_cross_entropy
+from slimfit.memory import measure
+
+from _grad_utils import rel_err, single_thread  # noqa: F401  (single_thread: autouse fixture)
+
+loss_utils = pytest.importorskip("transformers.loss.loss_utils")
+hf_loss = loss_utils.ForCausalLMLoss
+
+B, S, H, V = 3, 13, 24, 101  # odd sizes: chunks do not divide the rows
+
+
+def _setup(seed=0, bias=True, ignore=True):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, S, H, generator=g).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) / H**0.5).requires_grad_()
+    b = (torch.randn(V, generator=g) * 0.1).requires_grad_() if bias else None
+    labels = torch.randint(0, V, (B, S), generator=g)
+    if ignore:
+        labels[0, :5] = -100   # a prompt
+        labels[2, -3:] = -100  # padding
+    return hidden, weight, b, labels
+
+
+def _grads(loss, tensors):
+    tensors = [t for t in tensors if t is not None and t.requires_grad]
+    return torch.autograd.grad(loss, tensors)
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 16, 1000])
+@pytest.mark.parametrize("trainable", ["all", "head_frozen", "input_frozen"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_loss_and_gradients_match_hf(chunk_rows, trainable, bias):
+    hidden, weight, b, labels = _setup(bias=bias)
+    if trainable == "head_frozen":
+        weight.requires_grad_(False)
+        if b is not None:
+            b.requires_grad_(False)
+    elif trainable == "input_frozen":
+        hidden.requires_grad_(False)
+    ref = hf_loss(F.linear(hidden, weight, b), labels, V)
+    got = causal_lm_loss(hidden, weight, b, labels, chunk_rows=chunk_rows)
+    assert got.dtype == torch.float32 and got.shape == ()
+    _close(got, ref)
+    for a, r in zip(_grads(got, [hidden, weight, b]), _grads(ref, [hidden, weight, b])):
+        _close(a, r)
+
+
+def test_scaled_loss_and_num_items_in_batch_and_shift_labels():
+    hidden, weight, b, labels = _setup()
+    n = torch.tensor(57)
+    ref = hf_loss(F.linear(hidden, weight, b), labels, V, num_items_in_batch=n) * 3.0
+    got = causal_lm_loss(hidden, weight, b, labels, num_items_in_batch=n, chunk_rows=8) * 3.0
+    _close(got, ref)
+    for a, r in zip(_grads(got, [hidden, weight, b]), _grads(ref, [hidden, weight, b])):
+        _close(a, r)
+    # an int num_items_in_batch and a frozen head (gradient formed in forward, scaled in backward)
+    weight.requires_grad_(False)
+    ref = hf_loss(F.linear(hidden, weight, b.detach()), labels, V, num_items_in_batch=40) * 0.5
+    got = causal_lm_loss(hidden, weight, b.detach(), labels, num_items_in_batch=40) * 0.5
+    _close(got, ref)
+    _close(_grads(got, [hidden])[0], _grads(ref, [hidden])[0])
+    # shift_labels given: used as is
+    shifted = torch.roll(labels, 2, dims=1)
+    ref = hf_loss(F.linear(hidden, weight, b), None, V, shift_labels=shifted)
+    _close(causal_lm_loss(hidden, weight, b, None, shift_labels=shifted), ref)
+
+
+def test_tied_embedding_gradient_accumulates_into_one_parameter():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(V, H)
+    body = torch.nn.Linear(H, H)
+    ids = torch.randint(0, V, (B, S))
+    labels = ids.clone()
+    labels[1, :3] = -100
+
+    def run(chunked):
+        emb.zero_grad(set_to_none=True), body.zero_grad(set_to_none=True)
+        hidden = torch.tanh(body(emb(ids)))
+        if chunked:
+            loss = causal_lm_loss(hidden, emb.weight, None, labels, chunk_rows=5)
+        else:
+            loss = hf_loss(F.linear(hidden, emb.weight), labels, V)
+        loss.backward()
+        head_grad = None if emb.weight.grad is None else emb.weight.grad.clone()
+        return loss.detach(), body.weight.grad.clone(), head_grad
+
+    ref, got = run(False), run(True)
+    for a, r in zip(got, ref):
+        _close(a, r)
+    emb.weight.requires_grad_(False)  # frozen tied head: only the body trains
+    ref, got = run(False), run(True)
+    assert got[2] is None and ref[2] is None
+    for a, r in zip(got[:2], ref[:2]):
+        _close(a, r)
+
+
+@pytest.mark.parametrize("frozen_head", [False, True])
+def test_all_ignored_labels_give_nan_loss_and_zero_gradients_like_hf(frozen_head):
+    hidden, weight, b, labels = _setup()
+    weight.requires_grad_(not frozen_head)
+    labels = torch.full_like(labels, -100)
+    labels[:, 0] = 5  # position 0's label is never predicted (the shift): still nothing to learn
+    ref = hf_loss(F.linear(hidden, weight, b), labels, V)
+    got = causal_lm_loss(hidden, weight, b, labels)
+    assert torch.isnan(ref) and torch.isnan(got)
+    for a, r in zip(_grads(got, [hidden, weight, b]), _grads(ref, [hidden, weight, b])):
+        assert torch.equal(a, torch.zeros_like(a)) and torch.equal(r, torch.zeros_like(r))
+
+
+def test_bf16_autocast_error_within_twice_pytorchs_own():
+    hidden, weight, b, labels = _setup()
+    exact = hf_loss(F.linear(hidden, weight, b), labels, V)
+    exact_g = _grads(exact, [hidden, weight, b])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = hf_loss(F.linear(hidden, weight, b), labels, V)
+        got = causal_lm_loss(hidden, weight, b, labels, chunk_rows=7)
+    assert got.dtype == torch.float32
+    assert abs(got.item() - exact.item()) <= 2 * abs(ref.item() - exact.item()) + 1e-6
+    for a, r, e in zip(_grads(got, [hidden, weight, b]), _grads(ref, [hidden, weight, b]), exact_g):
+        assert a.dtype == e.dtype
+        assert rel_err(a, e) <= 2 * rel_err(r, e) + 1e-6
+
+
+def _saved_numels(fn):
+    numels = []
+
+    def pack(t):
+        numels.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return numels
+
+
+def test_no_rows_by_vocab_tensor_is_saved_and_bytes_are_the_formula():
+    hidden, weight, b, labels = _setup(bias=False)
+    rows = B * S
+    ref_numels = _saved_numels(lambda: hf_loss(F.linear(hidden, weight), labels, V))
+    assert max(ref_numels) >= rows * V  # the check below can fail: the reference keeps the logits
+    assert max(_saved_numels(lambda: causal_lm_loss(hidden, weight, None, labels))) < rows * V
+
+    valid = int((F.pad(labels, (0, 1), value=-100)[:, 1:] != -100).sum())
+    # trainable head: the kept rows (fp32), their logsumexp (fp32), labels (int64), the denominator,
+    # and index_select's index (int64) of the kept rows (CPU: ignored rows are dropped)
+    run = measure(lambda: causal_lm_loss(hidden, weight, None, labels), backward=True, exclude=(weight,))
+    assert run.total == valid * (H * 4 + 4 + 8) + 4 + valid * 8
+    # frozen head: only the input gradient (as many bytes as the kept rows) and the index
+    weight.requires_grad_(False)
+    run = measure(lambda: causal_lm_loss(hidden, weight, None, labels), backward=True, exclude=(weight,))
+    assert run.total == valid * H * 4 + valid * 8
+
+
+class _CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.matmul):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_frozen_head_backward_runs_no_matmul():
+    hidden, weight, b, labels = _setup()
+    weight.requires_grad_(False), b.requires_grad_(False)
+    loss = causal_lm_loss(hidden, weight, b, labels, chunk_rows=8)
+    with _CountMatmuls() as counter:
+        loss.backward()
+    assert counter.count == 0
+    weight.requires_grad_(True)
+    loss = causal_lm_loss(hidden, weight, b, labels, chunk_rows=8)
+    with _CountMatmuls() as counter:
+        loss.backward()
+    assert counter.count > 0  # trainable: logits recomputed, weight gradient formed
+
+
+def test_bad_arguments_are_named():
+    hidden, weight, b, labels = _setup()
+    bad = labels.clone()
+    bad[1, 3] = V
+    with pytest.raises(ValueError, match=f"label {V} is outside"):
+        causal_lm_loss(hidden, weight, b, bad)
+    with pytest.raises(TypeError, match="integer tensor"):
+        linear_cross_entropy(hidden, weight, b, labels.float())
+    with pytest.raises(ValueError, match="leading shape"):
+        linear_cross_entropy(hidden, weight, b, labels[:, :-1])
+    with pytest.raises(ValueError, match="do not match"):
+        linear_cross_entropy(hidden[..., :-1], weight, b, labels)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        linear_cross_entropy(hidden, weight, b, labels, chunk_rows=0)
+    with pytest.raises(RuntimeError, match="double backward"):
+        loss = linear_cross_entropy(hidden, weight, b, labels)
+        (g,) = torch.autograd.grad(loss, hidden, create_graph=True)
+        g.sum().backward()
