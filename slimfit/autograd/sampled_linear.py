@@ -45,6 +45,13 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
     return gen
 
 
+def _nan_if_not_finite(t: torch.Tensor, dim=None) -> torch.Tensor:
+    """0 where t (reduced over dim, or all of it) is finite, NaN where it holds a NaN or an Inf
+    (max |t| propagates NaN and does not overflow for large finite values)."""
+    m = t.abs().amax() if dim is None else t.abs().amax(dim=dim)
+    return m.float() * 0.0
+
+
 class _SampledLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, stale_g, k, sampler, seed, input_bits, group_size, stochastic,
@@ -60,10 +67,13 @@ class _SampledLinear(torch.autograd.Function):
             p = sampling_probabilities(x_norms, stale_g)
             rows = sample_rows(p, k, sampler, _generator(x.device, seed))
             kept = x2.index_select(0, rows.indices)
+            # a NaN/Inf anywhere in x makes the exact dW non-finite; the sampled rows may miss it, so
+            # the scales carry it (NaN when x is not finite, else unchanged; no host read, 0 bytes)
+            scales = rows.scales * (1.0 + _nan_if_not_finite(x2))
             if input_bits is not None:
-                kept = compress_quantize(kept, input_bits, group_size, stochastic)
+                kept = compress_quantize(kept, input_bits, group_size, stochastic, check_finite)
         need_x = ctx.needs_input_grad[0]
-        save(ctx, weight if need_x else None, kept, rows.indices.to(torch.int32), rows.scales)
+        save(ctx, weight if need_x else None, kept, rows.indices.to(torch.int32), scales)
         ctx.seed = seed
         ctx.k = k
         ctx.norm_cache = norm_cache      # a persistent per-layer store, not an activation
@@ -87,7 +97,9 @@ class _SampledLinear(torch.autograd.Function):
                 xk = restore(kept, cd)
                 gk = g2.index_select(0, idx.long())
                 gk = (gk.float() * scales[:, None]).to(cd)
-                grad_w = gk.t().mm(xk).to(ctx.w_dtype)
+                grad_w = gk.t().mm(xk)
+                # rows of g left out still reach dW when not finite (as in the exact gᵀx)
+                grad_w = (grad_w + _nan_if_not_finite(g2, dim=0)[:, None]).to(ctx.w_dtype)
             if need_b:
                 grad_b = g2.sum(0).to(ctx.b_dtype)
             if ctx.norm_cache is not None and ctx.sample_ids is not None:

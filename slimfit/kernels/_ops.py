@@ -12,12 +12,13 @@ when the extension is missing.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
 from . import reference
-from .validation import num_groups, packed_code_bytes, topk_index_dtype
+from .validation import OP_CHECKS, num_groups, packed_code_bytes, topk_index_dtype
 
 SCHEMAS = {
     "quantize": "quantize(Tensor x, int bits, int group_size, bool stochastic, int seed) -> (Tensor, Tensor, Tensor)",
@@ -30,10 +31,25 @@ SCHEMAS = {
     "seeded_dropout": "seeded_dropout(Tensor x, float p, int seed) -> Tensor",
 }
 
+
+
+def _checked(name: str, kernel):
+    """`kernel` after the argument checks the C++ kernels make (validation.OP_CHECKS), so the Python
+    backends (reference, Triton launchers) refuse what the native one refuses, with the same words."""
+    check = OP_CHECKS[name]
+
+    @functools.wraps(kernel)
+    def checked(*args):
+        check(*args)
+        return kernel(*args)
+
+    return checked
+
+
 _lib = torch.library.Library("slimfit", "DEF")
 for _name, _schema in SCHEMAS.items():
     _lib.define(_schema)
-    _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
+    _lib.impl(_name, _checked(_name, getattr(reference, _name)), "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("slimfit::quantize")
@@ -83,6 +99,63 @@ def _seeded_dropout_fake(x, p, seed):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+# ---------------------------------------------------------------- autograd
+# seeded_dropout, topk_prune and topk_restore are linear in their float input: their gradients are
+# the same op on the gradient. Quantization has no gradient: a graph through quantize / dequantize
+# raises in backward instead of returning a gradient that silently misses this path.
+ops = torch.ops.slimfit
+
+
+def _dropout_setup(ctx, inputs, output):
+    _, ctx.p, ctx.seed = inputs
+
+
+def _dropout_backward(ctx, grad):
+    return ops.seeded_dropout(grad.contiguous(), ctx.p, ctx.seed), None, None
+
+
+def _prune_setup(ctx, inputs, output):
+    x, _, _ = inputs
+    ctx.row_length = x.shape[-1]
+    ctx.save_for_backward(output[1])
+
+
+def _prune_backward(ctx, grad_values, grad_indices):
+    (indices,) = ctx.saved_tensors
+    return ops.topk_restore(grad_values.contiguous(), indices, ctx.row_length), None, None
+
+
+def _restore_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _restore_backward(ctx, grad):
+    (indices,) = ctx.saved_tensors
+    return torch.gather(grad, -1, indices.to(torch.int64)), None, None
+
+
+def _nothing(ctx, inputs, output):
+    pass
+
+
+def _no_gradient(op: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"slimfit::{op} is not differentiable (rounding to codes has no gradient), but a gradient "
+            f"reached it: detach its input (x.detach()) or use slimfit.autograd's functions, which save "
+            "compressed activations and compute exact gradients themselves"
+        )
+
+    return backward
+
+
+torch.library.register_autograd("slimfit::seeded_dropout", _dropout_backward, setup_context=_dropout_setup)
+torch.library.register_autograd("slimfit::topk_prune", _prune_backward, setup_context=_prune_setup)
+torch.library.register_autograd("slimfit::topk_restore", _restore_backward, setup_context=_restore_setup)
+torch.library.register_autograd("slimfit::quantize", _no_gradient("quantize"), setup_context=_nothing)
+torch.library.register_autograd("slimfit::dequantize", _no_gradient("dequantize"), setup_context=_nothing)
+
+
 # ---------------------------------------------------------------- backends
 BACKEND = os.environ.get("SLIMFIT_BACKEND", "auto").strip().lower() or "auto"
 if BACKEND not in ("auto", "reference", "native"):
@@ -116,7 +189,7 @@ def _register_triton() -> None:
         return
     for name in SCHEMAS:
         if not _has_kernel(name, "CUDA") and hasattr(triton_kernels, name):
-            _lib.impl(name, getattr(triton_kernels, name), "CUDA")
+            _lib.impl(name, _checked(name, getattr(triton_kernels, name)), "CUDA")
             _state["triton"].append(name)
 
 

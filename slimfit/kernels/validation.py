@@ -64,3 +64,123 @@ def packed_code_bytes(numel: int, bits: int) -> int:
 
 def num_groups(numel: int, group_size: int) -> int:
     return (numel + group_size - 1) // group_size
+
+
+# ---------------------------------------------------------------- op-level checks
+# The checks the C++ kernels make (csrc/cpu/*.cpp), for the backends that are Python: the reference
+# (every device other than CPU and CUDA, and SLIMFIT_BACKEND=reference) and the Triton launchers.
+# _ops.py runs them before those kernels, so a bad call fails the same way on every backend.
+_OP_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _op_float(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _OP_FLOATS:
+        raise TypeError(f"slimfit::{op}: unsupported dtype {t.dtype} for {name}; use float32, float16 or bfloat16")
+
+
+def _op_p(op: str, p: float) -> None:
+    if not (0.0 <= p <= 1.0):  # NaN fails too
+        raise ValueError(f"slimfit::{op}: p must be in [0, 1], got {p}")
+
+
+def _op_bits_group(op: str, bits: int, group_size: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"slimfit::{op}: bits must be 2, 4 or 8, got {bits}")
+    if group_size not in SUPPORTED_GROUP_SIZES:
+        raise ValueError(f"slimfit::{op}: group_size must be 32, 64, 128 or 256, got {group_size}")
+
+
+def _op_same_device(op: str, **tensors) -> None:
+    devices = {k: t.device for k, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"slimfit::{op}: tensors on different devices ({devices}); move them to one device")
+
+
+def op_quantize(x, bits, group_size, stochastic, seed) -> None:
+    _op_float("quantize", "x", x)
+    _op_bits_group("quantize", bits, group_size)
+
+
+def op_dequantize(codes, scale, offset, bits, group_size, shape, dtype) -> None:
+    op = "dequantize"
+    _op_same_device(op, codes=codes, scale=scale, offset=offset)
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"slimfit::{op}: codes must be uint8, got {codes.dtype}")
+    if scale.dtype != torch.float32 or offset.dtype != torch.float32:
+        raise TypeError(f"slimfit::{op}: scale and offset must be float32, got {scale.dtype} and {offset.dtype}")
+    if dtype not in _OP_FLOATS + (torch.float64,):
+        raise TypeError(f"slimfit::{op}: unsupported output dtype {dtype}; use float32, float16, bfloat16 or float64")
+    _op_bits_group(op, bits, group_size)
+    n = 1
+    for d in shape:
+        if int(d) < 0:
+            raise ValueError(f"slimfit::{op}: negative dimension in shape {list(shape)}")
+        n *= int(d)
+    if codes.numel() < packed_code_bytes(n, bits):
+        raise ValueError(f"slimfit::{op}: {codes.numel()} code bytes cannot hold {n} elements at {bits} bits")
+    ng = num_groups(n, group_size)
+    if scale.numel() < ng or offset.numel() < ng:
+        raise ValueError(f"slimfit::{op}: need {ng} groups of scale/offset for {n} elements (group_size "
+                         f"{group_size}), got {scale.numel()} and {offset.numel()}")
+
+
+def op_topk_prune(x, k, by_magnitude) -> None:
+    op = "topk_prune"
+    _op_float(op, "x", x)
+    if x.dim() < 1:
+        raise ValueError(f"slimfit::{op}: input must have at least one dimension (rows are the last one)")
+    row = x.shape[-1]
+    if not (k >= 0 and (k <= row or row == 0)):
+        raise ValueError(f"slimfit::{op}: k must be in [0, row length={row}], got {k}")
+
+
+def op_topk_restore(values, indices, row_length) -> None:
+    op = "topk_restore"
+    _op_same_device(op, values=values, indices=indices)
+    if values.dim() < 1:
+        raise ValueError(f"slimfit::{op}: values must have at least one dimension")
+    if values.shape != indices.shape:
+        raise ValueError(f"slimfit::{op}: values {list(values.shape)} and indices {list(indices.shape)} must have "
+                         "the same shape")
+    if indices.dtype not in (torch.int16, torch.int32, torch.int64):
+        raise TypeError(f"slimfit::{op}: indices must be int16, int32 or int64, got {indices.dtype}")
+    if row_length < 0:
+        raise ValueError(f"slimfit::{op}: row_length must be >= 0, got {row_length}")
+    if indices.numel() == 0:
+        return
+    if row_length == 0:
+        raise ValueError(f"slimfit::{op}: indices point into rows of length 0")
+    # a data-dependent check (one host read): the Python backends are not the hot path
+    if bool((indices < 0).any()) or bool((indices.to(torch.int64) >= row_length).any()):
+        raise ValueError(f"slimfit::{op}: an index is outside [0, row_length={row_length})")
+
+
+def op_pack_bits(mask) -> None:
+    if mask.dtype != torch.bool:
+        raise TypeError(f"slimfit::pack_bits: expected a bool mask, got {mask.dtype} (use mask != 0)")
+
+
+def op_unpack_bits(packed, numel) -> None:
+    op = "unpack_bits"
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"slimfit::{op}: expected uint8 packed bits, got {packed.dtype}")
+    if numel < 0:
+        raise ValueError(f"slimfit::{op}: numel must be >= 0, got {numel}")
+    if packed.numel() < (numel + 7) // 8:
+        raise ValueError(f"slimfit::{op}: {packed.numel()} bytes cannot hold {numel} bits")
+
+
+def op_dropout_mask(like, p, seed) -> None:
+    _op_p("dropout_mask", p)
+
+
+def op_seeded_dropout(x, p, seed) -> None:
+    _op_float("seeded_dropout", "x", x)
+    _op_p("seeded_dropout", p)
+
+
+OP_CHECKS = {
+    "quantize": op_quantize, "dequantize": op_dequantize, "topk_prune": op_topk_prune,
+    "topk_restore": op_topk_restore, "pack_bits": op_pack_bits, "unpack_bits": op_unpack_bits,
+    "dropout_mask": op_dropout_mask, "seeded_dropout": op_seeded_dropout,
+}

@@ -509,3 +509,25 @@ def test_norm_cache_lengths_growth_and_modes():
     per_sample.update(torch.tensor([1]), torch.tensor([[1.0, 3.0]]))
     torch.testing.assert_close(per_sample.lookup(torch.tensor([1]), 4), torch.full((1, 4), 2.0))
     assert per_sample.nbytes == 64 * 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_input_or_gradient_reaches_the_weight_gradient(bad):
+    """A NaN/Inf the sampled rows leave out still makes dW non-finite, as the exact gᵀx is (a row
+    the sampler skips must not hide it); grad_input and the bias gradient stay exact."""
+    torch.manual_seed(0)
+    w, b = _param(OUT, IN), _param(OUT)
+    x = torch.randn(3, 40, IN)
+    x[2, 17, 5] = bad
+    x.requires_grad_()
+    y = sampled_linear(x, w, b, ratio=0.2, k_min=1, generator_seed=4)
+    g = torch.randn_like(y)
+    gx, gw, gb = torch.autograd.grad(y, [x, w, b], g)
+    ex, ew, eb = torch.autograd.grad(F.linear(x, w, b), [x, w, b], g)
+    assert not torch.isfinite(gw).all() and not torch.isfinite(ew).all()
+    assert torch.equal(gx, ex) and torch.equal(gb, eb)
+    x = x.detach().nan_to_num(0.0).requires_grad_()
+    g[1, 3, 2] = bad
+    y = sampled_linear(x, w, b, ratio=0.2, k_min=1, generator_seed=4)
+    (gw,) = torch.autograd.grad(y, w, g)
+    assert not torch.isfinite(gw[2]).any() and torch.isfinite(gw[torch.arange(OUT) != 2]).all()
