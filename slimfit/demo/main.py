@@ -8,7 +8,8 @@ from .assets import MissingAsset, load_data, resolve_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="minilm", help="'minilm' (offline all-MiniLM-L6-v2) or a hub id / local path")
+    p.add_argument("--model", default="minilm", help="'minilm' (offline all-MiniLM-L6-v2), 'smollm2' (offline SmolLM2-135M-Instruct, a "
+                   "decoder answering positive/negative) or a hub id / local path")
     p.add_argument("--data", default="rotten_tomatoes", help="'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]', e.g. hf:imdb or hf:glue:sst2 "
                         "(the `datasets` package, network)")
     p.add_argument("--preset", default="paper", choices=["exact", "paper", "aggressive"])
@@ -72,6 +73,10 @@ def run(args) -> int:
     if problem:  # before the plain run, which takes minutes
         print(f"slimfit demo: {problem}", file=sys.stderr)
         return 2
+    if args.model == "smollm2":  # a decoder: its own task, defaults and run (slimfit/demo/decoder.py)
+        from .decoder import run as run_decoder
+
+        return run_decoder(args, device)
     try:
         model_dir = resolve_model(args.model)
         train, test = load_data(args.data, args.seed, args.n_train, args.n_test)
