@@ -1,0 +1,187 @@
+#!/usr/bin/env python
+"""Saved-for-backward bytes and step time of a Llama-style decoder on the CPU, by attention path.
+
+    python bench/attention_memory.py                    # seq 256, 1024, 2048; writes
+                                                        # bench/results/attention_memory_cpu.{csv,md}
+    python bench/attention_memory.py --seqs 256,1024,2048,4096 --repeats 3
+    python bench/attention_memory.py --quick            # seq 128, one timed run: a smoke check, writes nothing
+
+Model (issue 14): `LlamaForCausalLM(LlamaConfig(hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000,
+intermediate 688))`, randomly initialised (saved bytes do not depend on the weights' values), fp32, train
+mode, `attn_implementation="sdpa"` (the transformers default), batch 1 (--batch), labels = input ids.
+
+Rows (one model object; the frozen set of `ILSScheduler(model, 0.9, seed=0)` at its first step, i.e. 90%
+of the candidate layers, for every "+frozen" row):
+  plain sdpa, all trainable       plain PyTorch
+  plain sdpa, same frozen set     plain PyTorch + the frozen set: the baseline of the ratios
+  paper(), materialize            SlimFitConfig.paper().replace(attention_path="materialize") + frozen set:
+                                  slimfit's attention core before the fused path (fp32 scores, int8 P)
+  paper(), auto                   SlimFitConfig.paper() (attention_path="auto": the fused path) + frozen set
+
+Columns: saved bytes of one forward + backward (`slimfit.memory.measure`: saved-tensor hooks, parameters not
+counted, a storage counted once), the attention core's share (bytes attributed to the `self_attn` modules
+themselves: the attention op and RoPE; the q/k/v/o projections are their own modules), the LM head + loss
+share (the `lm_head` module and the model root, where the loss is computed), step time (forward + backward,
+median of --repeats runs after the measured run). The LM head is another engineer's work (chunked
+cross-entropy); what paper() does there is whatever the tree holds when this runs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (HERE, ROOT):  # measure the slimfit of this tree; import _timing next to this file
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+
+import _timing  # noqa: E402
+import slimfit  # noqa: E402
+from slimfit import memory_cli as mc  # noqa: E402
+from slimfit.config import SlimFitConfig  # noqa: E402
+
+MiB = 2 ** 20
+CONFIG = dict(vocab_size=8000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+              num_key_value_heads=2, rms_norm_eps=1e-5)
+
+# name -> (preset config or None, frozen set applied)
+METHODS = {
+    "plain sdpa, all trainable": (None, False),
+    "plain sdpa, same frozen set": (None, True),
+    "paper(), materialize": (SlimFitConfig.paper().replace(attention_path="materialize"), True),
+    "paper(), auto": (SlimFitConfig.paper(), True),
+}
+BASELINE = "plain sdpa, same frozen set"
+
+
+def build(seq: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, max_position_embeddings=max(seq, 256),
+                                         attn_implementation="sdpa"))
+    model.train()
+    return model
+
+
+def shares(run) -> tuple[int, int]:
+    """(attention core bytes, LM head + loss bytes) of a SavedMemory."""
+    attn = sum(b for path, b in run.per_module.items() if path.endswith(".self_attn"))
+    head = sum(b for path, b in run.per_module.items() if path in ("lm_head", "(root)") or path.startswith("lm_head"))
+    return attn, head
+
+
+def bench_seq(seq: int, args, settings) -> list[dict]:
+    model = build(seq)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, CONFIG["vocab_size"], (args.batch, seq), generator=g)
+    inputs = {"input_ids": ids, "labels": ids.clone()}
+    frozen, candidates = mc.scheduler_frozen_set(model, 0.9, seed=0)
+    # A scheduler may apply its first frozen set at the model's next forward (a pre-hook that outlives it):
+    # let that happen now, on a throwaway forward, so that it cannot change the first measured row.
+    with torch.no_grad():
+        model(input_ids=ids[:, :8])
+    mc.set_frozen(model, [])
+    print(f"\n== seq {seq}, batch {args.batch}: frozen {len(frozen)}/{len(candidates)} candidate layers", flush=True)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**inputs).loss.backward()
+
+    rows = []
+    for method, (config, use_frozen) in METHODS.items():
+        if config is not None:
+            slimfit.patch(model, config)
+        mc.set_frozen(model, frozen if use_frozen else [])
+        try:
+            run = mc.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
+            t = _timing.bench(step, "cpu", settings) if args.repeats > 0 else None
+        finally:
+            model.zero_grad(set_to_none=True)
+            if config is not None:
+                slimfit.unpatch(model)
+            mc.set_frozen(model, [])
+        attn, head = shares(run)
+        rows.append({"seq": seq, "batch": args.batch, "method": method, "saved_bytes": run.total,
+                     "attention_bytes": attn, "lm_head_loss_bytes": head,
+                     "step_ms": None if t is None else round(t.ms, 1), "reps": 0 if t is None else t.reps})
+        r = rows[-1]
+        print(f"  {method:<28} {run.total / MiB:9.2f} MiB   attention {attn / MiB:8.2f} MiB   "
+              f"head+loss {head / MiB:8.2f} MiB" + (f"   step {t.ms:8.0f} ms (median of {t.reps})" if t else ""),
+              flush=True)
+    base = next(r for r in rows if r["method"] == BASELINE)
+    for r in rows:
+        r["ratio_vs_frozen_plain"] = round(base["saved_bytes"] / r["saved_bytes"], 3)
+        r["attention_ratio_vs_frozen_plain"] = (round(base["attention_bytes"] / r["attention_bytes"], 2)
+                                                if r["attention_bytes"] else None)
+    del model
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    head = ["seq", "method", "saved MiB", "vs plain same frozen", "attention MiB", "attention vs plain frozen",
+            "LM head + loss MiB", "step ms"]
+    out = ["| " + " | ".join(head) + " |", "|---:|---|" + "---:|" * (len(head) - 2)]
+    for r in rows:
+        ar = r["attention_ratio_vs_frozen_plain"]
+        out.append("| " + " | ".join([
+            str(r["seq"]), r["method"], f"{r['saved_bytes'] / MiB:.1f}", f"{r['ratio_vs_frozen_plain']:.2f}x",
+            f"{r['attention_bytes'] / MiB:.1f}", "-" if ar is None else f"{ar:.2f}x",
+            f"{r['lm_head_loss_bytes'] / MiB:.1f}", "-" if r["step_ms"] is None else f"{r['step_ms']:,.0f}"]) + " |")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seqs", default="256,1024,2048")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (0: bytes only)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="seq 128, one timed run; writes nothing")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_memory_cpu"))
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seqs = [128] if args.quick else [int(s) for s in args.seqs.split(",")]
+    settings = (_timing.Settings.quick() if args.quick else
+                _timing.Settings(cpu_warmup=0, cpu_min_reps=max(1, args.repeats), cpu_min_time_s=0.0,
+                                 cpu_max_reps=max(1, args.repeats), cpu_slow_min_reps=max(1, args.repeats)))
+    warnings.filterwarnings("ignore", message=".*was not patched.*")
+    rows = []
+    for seq in seqs:
+        rows += bench_seq(seq, args, settings)
+    lines = table(rows)
+    print("\n" + "\n".join(lines))
+    if args.quick:
+        return
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    header = [
+        "# Attention paths on a Llama-style decoder, CPU",
+        "",
+        f"`python bench/attention_memory.py --seqs {args.seqs} --batch {args.batch} --repeats {args.repeats}`; "
+        f"{_timing.now()}, {_timing.cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {_timing.load_average()}.",
+        "",
+        "Model: LlamaForCausalLM, hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000, intermediate 688, fp32, "
+        "sdpa, random init. Frozen set: ILSScheduler(model, 0.9, seed=0) at its first step. Bytes: saved for "
+        "backward in one forward + backward (slimfit.memory.measure). \"attention\": bytes of the `self_attn` "
+        "modules themselves (attention op + RoPE; projections not included). Step: forward + backward, median.",
+        "",
+    ]
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(header + lines) + "\n")
+    print(f"\nwrote {args.out}.csv and {args.out}.md")
+
+
+if __name__ == "__main__":
+    main()
