@@ -40,7 +40,9 @@ class SlimFitConfig:
     dropout             'torch' (left alone), 'seed' (mask regenerated: 0 bytes), 'bitmask' (1 bit/element)
     group_size          quantization group size (32, 64, 128, 256)
     stochastic          stochastic rounding (unbiased) instead of round-to-nearest
-    check_finite        raise on NaN/Inf activations (one host sync per quantize on CUDA)
+    check_finite        raise on NaN/Inf (or fp32-overflowing) saved activations; off by default because
+                        each check reads a value on the host (one sync per compressed tensor on a GPU).
+                        Off, non-finite inputs still give non-finite gradients (they are not hidden)
     linear_sampling     estimate the weight gradient of target linears from sampled token rows
                         (docs/wta_crs.md): None (off), 'wta_crs' or 'crs'
     sample_ratio        fraction of token rows kept by the sampled linears, in (0, 1]
@@ -72,7 +74,7 @@ class SlimFitConfig:
     dropout: str = "seed"
     group_size: int = 128
     stochastic: bool = False
-    check_finite: bool = True
+    check_finite: bool = False
     linear_sampling: str | None = None
     sample_ratio: float = 0.3
     sample_min_rows: int = 10

@@ -114,6 +114,42 @@ def _find_loss(out) -> torch.Tensor | None:
     return torch.stack(terms).sum()
 
 
+def _refuse_meta(owners, args, kwargs) -> None:
+    """Saved tensors on the meta device have no storage to tell apart, and the kernels that run there
+    are not the ones a real device picks (SDPA's fused kernels, for one): no number would be true."""
+    tensors = [t for t in _owned_tensors(owners)] + [t for t in _walk((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "meta" for t in tensors):
+        raise ValueError(
+            "slimfit.memory.measure: the model or the inputs are on the meta device, where the saved bytes "
+            "cannot be measured (meta tensors share no storage and the device's own kernels do not run). "
+            "Measure on a real device with a small batch, e.g. model.to_empty(device='cpu') then "
+            "initialise it (the bytes saved do not depend on the weights' values)."
+        )
+
+
+def _graph_leaves(loss: torch.Tensor) -> list:
+    """The tensors whose `.grad` a `loss.backward()` would accumulate into (AccumulateGrad nodes)."""
+    leaves, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return leaves
+
+
+def _backward_leaving_no_grad(loss: torch.Tensor) -> None:
+    """Run backward (the graph is checked and freed, backward-time side effects happen) without
+    accumulating into any `.grad`: the gradients of the graph's leaves are computed and dropped."""
+    leaves = _graph_leaves(loss)
+    if leaves:
+        torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
 def measure(
     fn_or_module: Callable,
     *args,
@@ -126,12 +162,13 @@ def measure(
 
     backward: also run backward (of `loss_fn(output)` if given, else of `output.loss` when the
         output has one, else of the sum of every floating output that requires grad), which
-        checks the graph is usable and frees it.
+        checks the graph is usable and frees it; no parameter's `.grad` is touched (the gradients
+        are computed and dropped).
     exclude: extra modules / tensors whose storages are not activations. Parameters of the
         measured module, of modules / nn.Parameters among the arguments, and of those a plain
         function reaches through its closure or globals are excluded automatically.
     The keyword names `backward`, `loss_fn` and `exclude` are reserved; other keyword
-    arguments go to the callable.
+    arguments go to the callable. A model or inputs on the meta device are refused (ValueError).
     """
     root = fn_or_module if isinstance(fn_or_module, nn.Module) else getattr(fn_or_module, "__self__", None)
     if not isinstance(root, nn.Module):
@@ -141,6 +178,7 @@ def measure(
     owners += [o for o in _walk((args, kwargs)) if isinstance(o, (nn.Module, nn.Parameter))]
     owners += _referenced_objects(fn_or_module)
     owners += list(_walk(tuple(exclude)))
+    _refuse_meta(owners, args, kwargs)
     param_keys = set()
     for t in _owned_tensors(owners):
         param_keys.add(_storage_key_and_bytes(t)[0])
@@ -196,7 +234,7 @@ def measure(
     if backward:
         loss = loss_fn(out) if loss_fn is not None else _find_loss(out)
         if loss is not None and loss.requires_grad:
-            loss.backward()
+            _backward_leaving_no_grad(loss)
     del out
     keep_alive.clear()
     return result

@@ -26,10 +26,12 @@ def nbytes(t):
 def test_parameters_excluded_input_counted():
     lin = nn.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
+    reached = []
+    lin.weight.register_hook(lambda g: reached.append(g))
     run = measure(lin, x)
     assert run.total == nbytes(x)  # the input, kept for the weight gradient
     assert run.excluded == nbytes(lin.weight)  # the weight, kept for the input gradient
-    assert lin.weight.grad is not None  # backward ran
+    assert len(reached) == 1 and lin.weight.grad is None  # backward ran; its gradient was dropped
 
 
 def test_buffers_excluded():
@@ -159,14 +161,15 @@ def test_loss_fn_and_model_output_with_loss():
         logits = lin(x)
         return Output(F.cross_entropy(logits, target), logits)
 
+    grads = []  # what backward delivers to the weight (measure drops it: .grad stays None)
+    lin.weight.register_hook(lambda g: grads.append(g))
     run = measure(model, x)
-    assert lin.weight.grad is not None and run.total > 0
-    lin.zero_grad()
+    assert len(grads) == 1 and run.total > 0
     measure(lin, x, loss_fn=lambda out: out.pow(2).mean())
-    assert lin.weight.grad is not None
-    lin.zero_grad(set_to_none=True)
+    expected = torch.autograd.grad(lin(x).pow(2).mean(), lin.weight)[0]
+    assert len(grads) == 3 and torch.equal(grads[1], expected)
     measure(lin, x, backward=False)
-    assert lin.weight.grad is None
+    assert len(grads) == 3 and lin.weight.grad is None
 
 
 def test_kwargs_forwarded_and_nothing_saved_without_grad():
@@ -176,3 +179,27 @@ def test_kwargs_forwarded_and_nothing_saved_without_grad():
     assert measure(F.gelu, xg, approximate="tanh").total == nbytes(xg)
     run = SavedMemory()
     assert run.total == 0 and report(run).splitlines()[-1].split()[0] == "total"
+
+
+def test_measure_leaves_no_grad_behind():
+    """The backward measure runs computes gradients and drops them: no `.grad` is set or changed
+    (parameters of the model, of closures, and inputs)."""
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2))
+    x = torch.randn(4, 8, requires_grad=True)
+    net[0].weight.grad = torch.ones_like(net[0].weight)  # an accumulated gradient must survive
+    run = measure(net, x)
+    assert run.total > 0
+    assert torch.equal(net[0].weight.grad, torch.ones_like(net[0].weight))
+    assert all(p.grad is None for n, p in net.named_parameters() if n != "0.weight")
+    assert x.grad is None
+    measure(lambda a: net(a).sum(), x)
+    assert x.grad is None and net[2].weight.grad is None
+
+
+def test_measure_refuses_the_meta_device():
+    with torch.device("meta"):
+        net = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="meta device"):
+        measure(net, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="meta device"):
+        measure(lambda a: a.tanh(), torch.randn(2, 4, device="meta", requires_grad=True))

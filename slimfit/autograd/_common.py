@@ -79,20 +79,22 @@ def load(ctx) -> list:
     return out
 
 
-def _check_finite() -> bool:
-    # The NaN/Inf check of the kernels' wrappers reads a value on the host (.item()), which
-    # torch.compile cannot trace; eager runs keep it, compiled regions skip it.
-    return not torch.compiler.is_compiling()
+def _checking(check_finite: bool) -> bool:
+    # The NaN/Inf check reads a value on the host (one sync per compressed tensor on a GPU), so it
+    # runs only when asked (SlimFitConfig.check_finite, off by default), and never while
+    # torch.compile traces (a graph break).
+    return bool(check_finite) and not torch.compiler.is_compiling()
 
 
-def compress_quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool) -> QuantizedTensor:
+def compress_quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool,
+                      check_finite: bool = False) -> QuantizedTensor:
     """`kernels.quantize` for saving an activation (seed drawn from torch's generator)."""
-    return quantize(x, bits, group_size, stochastic, check_finite=_check_finite())
+    return quantize(x, bits, group_size, stochastic, check_finite=_checking(check_finite))
 
 
-def compress_topk(x: torch.Tensor, k: int) -> PrunedTensor:
+def compress_topk(x: torch.Tensor, k: int, check_finite: bool = False) -> PrunedTensor:
     """`kernels.topk_prune` by magnitude, k entries per row of the last dimension."""
-    return topk_prune(x, k=k, check_finite=_check_finite())
+    return topk_prune(x, k=k, check_finite=_checking(check_finite))
 
 
 def restore(item, dtype: torch.dtype | None = None) -> torch.Tensor | None:

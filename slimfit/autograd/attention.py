@@ -91,7 +91,8 @@ def _apply_keep(x: Tensor, keep: Tensor, p: float) -> Tensor:
     one regenerated mask serves both products of the backward."""
     if p >= 1.0:
         return torch.zeros_like(x)
-    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
+    # A CPU 0-dim tensor: read on the host by the kernel launch, no host-to-device copy.
+    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
     y = x.to(torch.float32) * factor
     return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
 
@@ -114,7 +115,7 @@ def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed: O
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, dropout_mode,
-                qkv_bits, probs, keep_ratio, group_size):
+                qkv_bits, probs, keep_ratio, group_size, check_finite=False):
         cdt = q.dtype
         seed = new_seed() if dropout_p > 0.0 else None
         p32 = _probs(q, k, scale, attn_mask, is_causal)
@@ -124,7 +125,7 @@ class _AttentionFn(torch.autograd.Function):
         # ---- what backward keeps: Q, K, V (quantized unless qkv_bits is None), compressed P
         # The NaN/Inf checks of the primitives read a value back to the host: a graph break
         # under torch.compile, so they are skipped while compiling.
-        check = not torch.compiler.is_compiling()
+        check = check_finite and not torch.compiler.is_compiling()
         if qkv_bits is None:
             saved_qkv = (q, k, v)
         else:
@@ -205,7 +206,7 @@ class _AttentionFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_k = torch.matmul(q.transpose(-2, -1), gs).transpose(-2, -1).to(cdt)
         grad_v = grad_v.to(cdt) if ctx.needs_input_grad[2] else None
-        return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 8
+        return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 9
 
 
 # ------------------------------------------------------------------ validation
@@ -308,6 +309,7 @@ def attention(
     keep_ratio: float = 0.1,
     group_size: int = 128,
     dropout_mode: str = "seed",
+    check_finite: bool = False,
 ) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v with compressed activations saved for backward.
 
@@ -320,6 +322,7 @@ def attention(
     group_size: quantization group (32, 64, 128 or 256 consecutive elements).
     dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
     'on_v' (dropout on V, as the SlimFit research code; changes the model).
+    check_finite: raise on NaN/Inf in what is saved (one host sync per saved tensor; off by default).
     Rows whose every key is masked give a zero output and zero gradients (as PyTorch).
     Under torch.autocast, q, k, v (and a float mask) are cast to the autocast dtype and the
     output has that dtype, as scaled_dot_product_attention.
@@ -345,5 +348,5 @@ def attention(
             return _output(p32, v, p_drop, dropout_mode, seed)
         return _AttentionFn.apply(
             q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, dropout_mode,
-            qkv_bits, probs, float(keep_ratio), int(group_size),
+            qkv_bits, probs, float(keep_ratio), int(group_size), bool(check_finite),
         )

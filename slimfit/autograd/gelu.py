@@ -21,10 +21,10 @@ _APPROX = ("none", "tanh")
 
 class _GELU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, bits, approximate, group_size, stochastic):
+    def forward(ctx, x, bits, approximate, group_size, stochastic, check_finite=False):
         with no_autocast(x.device.type):
             out = F.gelu(x, approximate=approximate)
-        save(ctx, compress_quantize(x, bits, group_size, stochastic))
+        save(ctx, compress_quantize(x, bits, group_size, stochastic, check_finite))
         ctx.approximate = approximate
         ctx.device_type = x.device.type
         return out
@@ -36,7 +36,7 @@ class _GELU(torch.autograd.Function):
         with no_autocast(ctx.device_type):
             x = restore(q, torch.float32)
             grad = torch.ops.aten.gelu_backward(grad_out.to(torch.float32), x, approximate=ctx.approximate)
-        return grad.to(q.dtype), None, None, None, None
+        return grad.to(q.dtype), None, None, None, None, None
 
 
 def gelu(
@@ -46,6 +46,7 @@ def gelu(
     approximate: str = "none",
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`F.gelu(x, approximate=...)` saving x as `bits`-bit codes per group of `group_size`.
 
@@ -57,4 +58,4 @@ def gelu(
         raise ValueError(f"slimfit.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if not (torch.is_grad_enabled() and x.requires_grad):
         return F.gelu(x, approximate=approximate)
-    return _GELU.apply(x, bits, approximate, group_size, bool(stochastic))
+    return _GELU.apply(x, bits, approximate, group_size, bool(stochastic), bool(check_finite))

@@ -35,7 +35,8 @@ def topk_keep(keep_ratio: float, row_length: int) -> int:
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, normalized_shape, eps, mode, keep_ratio, group_size, stochastic, compute_dtype):
+    def forward(ctx, x, weight, bias, normalized_shape, eps, mode, keep_ratio, group_size, stochastic, compute_dtype,
+                check_finite=False):
         device_type = x.device.type
         with no_autocast(device_type):
             xc = x if compute_dtype is None else x.to(compute_dtype)
@@ -47,9 +48,9 @@ class _LayerNorm(torch.autograd.Function):
             x2 = xc.reshape(rows, d).to(torch.float32)
             xhat, _, rstd = torch.native_layer_norm(x2, (d,), None, None, eps)
             if mode == "int8":
-                saved = compress_quantize(xhat, 8, group_size, stochastic)
+                saved = compress_quantize(xhat, 8, group_size, stochastic, check_finite)
             elif mode == "topk":
-                saved = compress_topk(xhat.to(xc.dtype), topk_keep(keep_ratio, d))
+                saved = compress_topk(xhat.to(xc.dtype), topk_keep(keep_ratio, d), check_finite)
             else:
                 saved = xhat.to(xc.dtype)
         save(ctx, saved, rstd, weight if ctx.needs_input_grad[0] else None)
@@ -81,7 +82,7 @@ class _LayerNorm(torch.autograd.Function):
                 grad_w = (g * xhat).sum(0).view(ctx.normalized_shape).to(ctx.w_dtype)
             if need_b:
                 grad_b = g.sum(0).view(ctx.normalized_shape).to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 def layer_norm(
@@ -95,6 +96,7 @@ def layer_norm(
     keep_ratio: float = 0.1,
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`F.layer_norm` saving x_hat per `save` ('int8' | 'topk' | 'full') plus fp32 rstd per row.
 
@@ -134,5 +136,5 @@ def layer_norm(
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
     return _LayerNorm.apply(
         x, weight, bias, normalized_shape, float(eps), save, float(keep_ratio), group_size,
-        bool(stochastic), compute_dtype,
+        bool(stochastic), compute_dtype, bool(check_finite),
     )

@@ -23,7 +23,7 @@ __all__ = ["linear"]
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, input_bits, group_size, stochastic, compute_dtype):
+    def forward(ctx, x, weight, bias, input_bits, group_size, stochastic, compute_dtype, check_finite=False):
         device_type = x.device.type
         with no_autocast(device_type):
             xc = x.to(compute_dtype)
@@ -34,7 +34,7 @@ class _Linear(torch.autograd.Function):
             if input_bits is None:
                 saved_x = xc
             else:
-                saved_x = compress_quantize(xc, input_bits, group_size, stochastic)
+                saved_x = compress_quantize(xc, input_bits, group_size, stochastic, check_finite)
         # The weight is a parameter: saving it costs no activation memory. It is cast to the
         # compute dtype again in backward rather than saving an autocast copy of it.
         save(ctx, weight if need_x else None, saved_x)
@@ -59,7 +59,7 @@ class _Linear(torch.autograd.Function):
                 grad_w = g2.t().mm(x2).to(ctx.w_dtype)
             if need_b:
                 grad_b = g2.sum(0).to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype) -> None:
@@ -94,6 +94,7 @@ def linear(
     input_bits: int | None = None,
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` that saves only what its backward needs.
 
@@ -129,4 +130,5 @@ def linear(
     )
     if not needs_graph:
         return F.linear(x, weight, bias)
-    return _Linear.apply(x, weight, bias, input_bits, group_size, bool(stochastic), compute_dtype)
+    return _Linear.apply(x, weight, bias, input_bits, group_size, bool(stochastic), compute_dtype,
+                         bool(check_finite))

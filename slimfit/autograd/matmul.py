@@ -17,13 +17,13 @@ from ._common import (
 __all__ = ["matmul"]
 
 
-def _save_side(t: torch.Tensor, bits, group_size, stochastic):
-    return t if bits is None else compress_quantize(t, bits, group_size, stochastic)
+def _save_side(t: torch.Tensor, bits, group_size, stochastic, check_finite=False):
+    return t if bits is None else compress_quantize(t, bits, group_size, stochastic, check_finite)
 
 
 class _Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, a_bits, b_bits, group_size, stochastic, compute_dtype):
+    def forward(ctx, a, b, a_bits, b_bits, group_size, stochastic, compute_dtype, check_finite=False):
         device_type = a.device.type
         with no_autocast(device_type):
             ac, bc = a.to(compute_dtype), b.to(compute_dtype)
@@ -31,8 +31,8 @@ class _Matmul(torch.autograd.Function):
         need_a, need_b = ctx.needs_input_grad[:2]
         save(
             ctx,
-            _save_side(ac, a_bits, group_size, stochastic) if need_b else None,
-            _save_side(bc, b_bits, group_size, stochastic) if need_a else None,
+            _save_side(ac, a_bits, group_size, stochastic, check_finite) if need_b else None,
+            _save_side(bc, b_bits, group_size, stochastic, check_finite) if need_a else None,
         )
         ctx.device_type, ctx.compute_dtype = device_type, compute_dtype
         ctx.a_shape, ctx.b_shape = tuple(a.shape), tuple(b.shape)
@@ -54,7 +54,7 @@ class _Matmul(torch.autograd.Function):
             if need_b:
                 a = restore(saved_a, cd)
                 grad_b = torch.matmul(a.transpose(-1, -2), g).sum_to_size(ctx.b_shape).to(ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 def matmul(
@@ -65,6 +65,7 @@ def matmul(
     b_bits: int | None = None,
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`torch.matmul(a, b)` for a, b of at least 2 dimensions; a_bits / b_bits quantize what
     is saved of each side (None keeps it in full)."""
@@ -95,4 +96,5 @@ def matmul(
         compute_dtype = a.dtype
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return torch.matmul(a, b)
-    return _Matmul.apply(a, b, a_bits, b_bits, group_size, bool(stochastic), compute_dtype)
+    return _Matmul.apply(a, b, a_bits, b_bits, group_size, bool(stochastic), compute_dtype,
+                         bool(check_finite))

@@ -41,7 +41,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, mode, keep_ratio, group_size, stochastic):
+    def forward(ctx, x, weight, eps, mode, keep_ratio, group_size, stochastic, check_finite=False):
         device_type = x.device.type
         d = x.shape[-1]
         rows = x.numel() // d
@@ -49,9 +49,9 @@ class _RMSNorm(torch.autograd.Function):
             out, xhat, rstd = _forward(x, weight, eps)
             xhat = xhat.reshape(rows, d)
             if mode == "int8":
-                saved = compress_quantize(xhat, 8, group_size, stochastic)
+                saved = compress_quantize(xhat, 8, group_size, stochastic, check_finite)
             elif mode == "topk":
-                saved = compress_topk(xhat.to(x.dtype), topk_keep(keep_ratio, d))
+                saved = compress_topk(xhat.to(x.dtype), topk_keep(keep_ratio, d), check_finite)
             else:
                 saved = xhat.to(x.dtype)
         save(ctx, saved, rstd.reshape(rows, 1), weight if ctx.needs_input_grad[0] else None)
@@ -76,7 +76,7 @@ class _RMSNorm(torch.autograd.Function):
                 grad_x = (rstd * (gw - xhat * c)).view(ctx.x_shape).to(ctx.x_dtype)
             if need_w:
                 grad_w = (g * xhat).sum(0).to(ctx.w_dtype)
-        return grad_x, grad_w, None, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None, None
 
 
 def rms_norm(
@@ -88,6 +88,7 @@ def rms_norm(
     keep_ratio: float = 0.1,
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """LlamaRMSNorm's `weight * (x * rsqrt(mean(x², -1) + eps))` (computed in fp32, cast back to
     x.dtype before the weight), bit-identical to it, saving x_hat per `save` ('int8' | 'topk' |
@@ -110,4 +111,5 @@ def rms_norm(
     needs_graph = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     if not needs_graph:
         return _forward(x, weight, eps)[0]
-    return _RMSNorm.apply(x, weight, float(eps), save, float(keep_ratio), group_size, bool(stochastic))
+    return _RMSNorm.apply(x, weight, float(eps), save, float(keep_ratio), group_size, bool(stochastic),
+                          bool(check_finite))

@@ -25,7 +25,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.api import new_seed
 from ..kernels.validation import check_seed
 from ._common import (
     autocast_dtype, backward_once, cast, check_bits, check_float, check_group_size,
@@ -55,7 +54,7 @@ def _nan_if_not_finite(t: torch.Tensor, dim=None) -> torch.Tensor:
 class _SampledLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, stale_g, k, sampler, seed, input_bits, group_size, stochastic,
-                compute_dtype, norm_cache, sample_ids):
+                compute_dtype, norm_cache, sample_ids, check_finite=False):
         device_type = x.device.type
         with no_autocast(device_type):
             xc = x.to(compute_dtype)
@@ -106,7 +105,7 @@ class _SampledLinear(torch.autograd.Function):
                 norms = torch.linalg.vector_norm(g2, dim=1, dtype=torch.float32)
                 ids = torch.tensor(ctx.sample_ids, dtype=torch.int64)
                 ctx.norm_cache.update(ids, norms.view(len(ctx.sample_ids), -1))
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None
 
 
 def sampled_linear(
@@ -123,6 +122,7 @@ def sampled_linear(
     group_size: int = 128,
     stochastic: bool = False,
     generator_seed: int | None = None,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` whose backward estimates dW from k sampled token rows.
 
@@ -174,7 +174,8 @@ def sampled_linear(
     )
     if not needs_graph or not weight.requires_grad or k >= n:
         # frozen weight: nothing to estimate; k >= N: every row is kept, i.e. the exact linear
-        return linear(x, weight, bias, input_bits=input_bits, group_size=group_size, stochastic=stochastic)
+        return linear(x, weight, bias, input_bits=input_bits, group_size=group_size, stochastic=stochastic,
+                      check_finite=check_finite)
 
     compute_dtype = autocast_dtype(x.device.type)
     if compute_dtype is None:

@@ -27,10 +27,10 @@ __all__ = ["silu", "swiglu"]
 
 class _SiLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, bits, group_size, stochastic):
+    def forward(ctx, x, bits, group_size, stochastic, check_finite=False):
         with no_autocast(x.device.type):
             out = F.silu(x)
-        save(ctx, compress_quantize(x, bits, group_size, stochastic))
+        save(ctx, compress_quantize(x, bits, group_size, stochastic, check_finite))
         ctx.device_type = x.device.type
         return out
 
@@ -41,17 +41,17 @@ class _SiLU(torch.autograd.Function):
         with no_autocast(ctx.device_type):
             x = restore(q, torch.float32)
             grad = torch.ops.aten.silu_backward(grad_out.to(torch.float32), x)
-        return grad.to(q.dtype), None, None, None
+        return grad.to(q.dtype), None, None, None, None
 
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, gate_bits, up_bits, group_size, stochastic):
+    def forward(ctx, gate, up, gate_bits, up_bits, group_size, stochastic, check_finite=False):
         with no_autocast(gate.device.type):
             out = F.silu(gate) * up
         need_gate = ctx.needs_input_grad[0]
-        saved_up = compress_quantize(up, up_bits, group_size, stochastic) if need_gate else None
-        save(ctx, compress_quantize(gate, gate_bits, group_size, stochastic), saved_up)
+        saved_up = compress_quantize(up, up_bits, group_size, stochastic, check_finite) if need_gate else None
+        save(ctx, compress_quantize(gate, gate_bits, group_size, stochastic, check_finite), saved_up)
         ctx.device_type = gate.device.type
         ctx.up_dtype = up.dtype
         return out
@@ -70,10 +70,11 @@ class _SwiGLU(torch.autograd.Function):
             if need_gate:
                 up = restore(q_up, torch.float32)
                 grad_gate = torch.ops.aten.silu_backward(g * up, gate).to(q_gate.dtype)
-        return grad_gate, grad_up, None, None, None, None
+        return grad_gate, grad_up, None, None, None, None, None
 
 
-def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: bool = False) -> torch.Tensor:
+def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: bool = False,
+         check_finite: bool = False) -> torch.Tensor:
     """`F.silu(x)` saving x as `bits`-bit (8/4/2) codes per group of `group_size`.
 
     Output dtype = input dtype (SiLU is not cast by autocast, as in PyTorch)."""
@@ -82,7 +83,7 @@ def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: b
     check_group_size("silu", group_size)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return F.silu(x)
-    return _SiLU.apply(x, bits, group_size, bool(stochastic))
+    return _SiLU.apply(x, bits, group_size, bool(stochastic), bool(check_finite))
 
 
 def swiglu(
@@ -93,6 +94,7 @@ def swiglu(
     up_bits: int | None = None,
     group_size: int = 128,
     stochastic: bool = False,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """`F.silu(gate) * up` saving gate at `bits` and up at `up_bits` (default: `bits`) bits per
     element, per group of `group_size`; backward recomputes silu at the dequantized gate.
@@ -111,4 +113,4 @@ def swiglu(
         )
     if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
         return F.silu(gate) * up
-    return _SwiGLU.apply(gate, up, bits, up_bits, group_size, bool(stochastic))
+    return _SwiGLU.apply(gate, up, bits, up_bits, group_size, bool(stochastic), bool(check_finite))

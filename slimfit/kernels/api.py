@@ -66,26 +66,41 @@ def _raise_non_finite(op: str, what: str) -> None:
     )
 
 
+def _check_quantized_finite(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
+    """Raises when a group's scale or offset is not finite, naming the cause: a NaN/Inf input, or
+    finite values whose range max - min exceeds fp32 (e.g. +-3e38). One host read (two on failure)."""
+    if not scale.numel() or bool(torch.isfinite(scale).all() & torch.isfinite(offset).all()):
+        return
+    if not bool(torch.isfinite(x).all()):
+        _raise_non_finite("quantize", "an input entry is not finite")
+    raise ValueError(
+        "slimfit.quantize: the input is finite but a group's range (max - min) exceeds the largest "
+        "float32 (3.4e38), so its scale overflows and its codes would be garbage; rescale the "
+        "tensor (values of magnitude above ~1.7e38 cannot be quantized per group)."
+    )
+
+
 def quantize(
     x: torch.Tensor,
     bits: int = 8,
     group_size: int = 128,
     stochastic: bool = False,
     seed: int | None = None,
-    check_finite: bool = True,
+    check_finite: bool = False,
 ) -> QuantizedTensor:
     """Per-group asymmetric min/max quantization of x (flattened) to `bits` bits.
 
-    check_finite costs one host synchronisation on CUDA (it inspects the per-group
-    scales, not the whole input)."""
+    check_finite=True raises on a NaN/Inf input or an fp32-overflowing group range, at the cost
+    of one host synchronisation on a GPU (it reads the per-group scales). Off (the default), a
+    non-finite group gets a non-finite scale or offset, so it dequantizes to non-finite values."""
     check_float_input(x, "quantize")
     check_quant_args(bits, group_size)
     if seed is None:
         seed = new_seed() if stochastic else 0
     check_seed(seed, "quantize")
     codes, scale, offset = ops.quantize(x, bits, group_size, bool(stochastic), int(seed))
-    if check_finite and scale.numel() and not bool(torch.isfinite(scale).all() & torch.isfinite(offset).all()):
-        _raise_non_finite("quantize", "a group's min/max is not finite")
+    if check_finite:
+        _check_quantized_finite(x, scale, offset)
     return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size)
 
 
@@ -98,9 +113,12 @@ def topk_prune(
     k: int | None = None,
     ratio: float | None = None,
     by_magnitude: bool = True,
-    check_finite: bool = True,
+    check_finite: bool = False,
 ) -> PrunedTensor:
-    """Keep the k largest entries of each row (last dimension); give k or ratio (0, 1]."""
+    """Keep the k largest entries of each row (last dimension); give k or ratio (0, 1].
+
+    check_finite=True raises on a NaN/Inf input (one host synchronisation on a GPU); off (the
+    default), NaN ranks above every number and is kept, so it reaches the restored tensor."""
     check_float_input(x, "topk_prune")
     if (k is None) == (ratio is None):
         raise ValueError("slimfit.topk_prune: give exactly one of k or ratio")

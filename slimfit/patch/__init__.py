@@ -110,9 +110,10 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
     gelu_kinds = _gelu_kinds()
     silu_classes = _silu_classes()
     conv1d = _conv1d_class()
-    common = {"group_size": config.group_size, "stochastic": config.stochastic}
+    common = {"group_size": config.group_size, "stochastic": config.stochastic, "check_finite": config.check_finite}
     norm_options = {"save": config.layernorm, "save_frozen": config.layernorm_frozen,
-                    "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size}
+                    "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size,
+                    "check_finite": config.check_finite}
     norms_full = config.layernorm == "full" and config.layernorm_frozen == "full"
     holder = SampleIds() if config.linear_sampling else None
     inside_swiglu: set = set()  # act_fn modules a patched SwiGLU MLP computes itself
@@ -221,6 +222,7 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
     hf_attention.register()
     options = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
                "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
+               "check_finite": config.check_finite,
                "path": config.attention_path}
     n = 0
     for name, module in model.named_modules():

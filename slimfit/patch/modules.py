@@ -57,9 +57,10 @@ def _linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.T
         ids = s["ids"].for_input(x, s["name"])
         return sampled_linear(x, weight, module.bias, ratio=s["ratio"], k_min=s["k_min"], sampler=s["sampler"],
                               sample_ids=ids, norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
-                              input_bits=o["input_bits"], group_size=o["group_size"], stochastic=o["stochastic"])
+                              input_bits=o["input_bits"], group_size=o["group_size"], stochastic=o["stochastic"],
+                              check_finite=o.get("check_finite", False))
     return sf.linear(x, weight, module.bias, input_bits=o["input_bits"], group_size=o["group_size"],
-                     stochastic=o["stochastic"])
+                     stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
 
 
 class LinearMixin:
@@ -89,7 +90,7 @@ class GELUMixin:
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
         return sf.gelu(x, bits=o["bits"], approximate=o["approximate"], group_size=o["group_size"],
-                       stochastic=o["stochastic"])
+                       stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
 
 
 class SiLUMixin:
@@ -99,7 +100,8 @@ class SiLUMixin:
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
-        return silu(x, bits=o["bits"], group_size=o["group_size"], stochastic=o["stochastic"])
+        return silu(x, bits=o["bits"], group_size=o["group_size"], stochastic=o["stochastic"],
+                    check_finite=o.get("check_finite", False))
 
 
 class SwiGLUMixin:
@@ -112,7 +114,7 @@ class SwiGLUMixin:
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
         h = swiglu(self.gate_proj(x), self.up_proj(x), bits=o["bits"], group_size=o["group_size"],
-                   stochastic=o["stochastic"])
+                   stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
         return self.down_proj(h)
 
 
@@ -125,7 +127,7 @@ class RMSNormMixin:
         o = getattr(self, OPTIONS)
         save = o["save"] if self.weight.requires_grad else o["save_frozen"]
         return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=o["keep_ratio"],
-                        group_size=o["group_size"])
+                        group_size=o["group_size"], check_finite=o.get("check_finite", False))
 
 
 class ConvMixin:
@@ -148,7 +150,8 @@ class LayerNormMixin:
         trainable = self.weight is not None and self.weight.requires_grad
         save = o["save"] if trainable else o["save_frozen"]
         return sf.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
-                             keep_ratio=o["keep_ratio"], group_size=o["group_size"])
+                             keep_ratio=o["keep_ratio"], group_size=o["group_size"],
+                             check_finite=o.get("check_finite", False))
 
 
 class DropoutMixin:

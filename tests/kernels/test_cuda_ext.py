@@ -212,7 +212,7 @@ def test_non_finite_groups(dtype):
             sl = slice(g * per_group, (g + 1) * per_group)
             _same(codes.cpu()[sl], rc[sl], f"codes of group {g}")
         with pytest.raises(ValueError, match="NaN or Inf"):
-            K.quantize(x, bits, group_size)
+            K.quantize(x, bits, group_size, check_finite=True)
 
 
 def test_other_device_and_stream():

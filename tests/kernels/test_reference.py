@@ -100,13 +100,40 @@ def test_empty_tensor_round_trip():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_input_raises(bad):
+def test_non_finite_input_raises_when_checked(bad):
     x = torch.randn(300)
     x[257] = bad
     with pytest.raises(ValueError, match="NaN or Inf"):
-        K.quantize(x, 8, 128)
+        K.quantize(x, 8, 128, check_finite=True)
     with pytest.raises(ValueError, match="NaN or Inf"):
-        K.topk_prune(x.view(3, 100), k=3)
+        K.topk_prune(x.view(3, 100), k=3, check_finite=True)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_unchecked_non_finite_group_dequantizes_non_finite(bad):
+    """check_finite is off by default (no host sync): a bad group must then stay visibly bad
+    (every element of it non-finite after the round trip), the other groups exact as usual."""
+    x = torch.randn(300)
+    x[257] = bad
+    for bits in (2, 4, 8):
+        q = K.quantize(x, bits, 128)
+        y = K.dequantize(q)
+        assert not torch.isfinite(y[256:300]).any()
+        assert torch.isfinite(y[:256]).all()
+    kept = K.topk_restore(K.topk_prune(x.view(3, 100), k=3))
+    assert kept.isnan().any() if bad != bad else kept.isinf().any()
+
+
+@pytest.mark.parametrize("huge", [3e38, -3e38])
+def test_finite_overflowing_range_is_not_called_nan(huge):
+    """+-3e38 is finite, but max - min overflows fp32: the error must say so, not 'NaN or Inf'."""
+    x = torch.randn(256)
+    x[5] = huge
+    x[6] = -huge
+    with pytest.raises(ValueError, match="exceeds the largest float32") as info:
+        K.quantize(x, 8, 128, check_finite=True)
+    assert "NaN or Inf" not in str(info.value)
+    K.quantize(x[128:], 8, 128, check_finite=True)  # the other group alone is fine
 
 
 def test_quantize_argument_errors():

@@ -19,6 +19,7 @@ NaN contract: tl.min / tl.max need not propagate NaN, so a group holding NaN is 
 explicitly and gets scale = offset = NaN (as in the reference); Inf propagates by itself.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -39,6 +40,41 @@ def _groups_per_program(group_size: int, ng: int) -> int:
     g = max(1, BLOCK_ELEMS // group_size)
     # Small tensors: do not launch a block far larger than the data.
     return min(g, triton.next_power_of_2(max(ng, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Block shape of both kernels for a tensor of `ng` groups (shared with bench/kernels_static.py)."""
+    groups: int
+    group_size: int
+    num_warps: int
+
+    @property
+    def elements(self) -> int:
+        return self.groups * self.group_size
+
+    def constexprs(self, bits: int, group_size: int, stochastic: bool) -> dict:
+        return {"BITS": bits, "GROUP_SIZE": group_size, "GROUPS": self.groups, "STOCHASTIC": bool(stochastic)}
+
+    def dequant_constexprs(self, bits: int, group_size: int) -> dict:
+        return {"BITS": bits, "GROUP_SIZE": group_size, "GROUPS": self.groups}
+
+
+def launch_config(group_size: int, ng: int) -> LaunchConfig:
+    return LaunchConfig(_groups_per_program(group_size, ng), group_size, NUM_WARPS)
+
+
+def kernel_signature(x_type: str, stochastic: bool = False) -> dict:
+    """Triton signature of `_quantize_kernel` for an input of pointer type x_type ('*fp32', ...)."""
+    return {"x_ptr": x_type, "codes_ptr": "*u8", "scale_ptr": "*fp32", "offset_ptr": "*fp32",
+            "n_elements": "i32", "n_groups": "i32", "n_bytes": "i32", "k0": "i32", "k1": "i32",
+            "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr", "STOCHASTIC": "constexpr"}
+
+
+def dequantize_signature(out_type: str) -> dict:
+    return {"codes_ptr": "*u8", "scale_ptr": "*fp32", "offset_ptr": "*fp32", "out_ptr": out_type,
+            "n_elements": "i32", "n_groups": "i32", "n_bytes": "i32",
+            "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr"}
 
 
 @triton.jit(do_not_specialize=["k0", "k1"])

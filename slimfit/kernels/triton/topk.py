@@ -37,6 +37,37 @@ CHUNK = 4096
 CHUNK_WARPS = 16
 
 
+class TileConfig:
+    """Block shape of `_topk_tile_kernel` for rows of `row_len` (shared with bench/kernels_static.py)."""
+
+    def __init__(self, row_len: int, n_rows: int):
+        self.block_n = triton.next_power_of_2(row_len)
+        self.rows = min(max(1, TILE_ELEMS // self.block_n), triton.next_power_of_2(n_rows))
+        self.num_warps = min(16, max(1, self.rows * self.block_n // 256))  # 8 keys per thread, 16 at 8192
+        self.loop_trips = [32]  # the bisection passes
+
+    def constexprs(self, by_magnitude: bool) -> dict:
+        return {"ROWS": self.rows, "BLOCK_N": self.block_n, "BY_MAGNITUDE": bool(by_magnitude)}
+
+    def elements(self, row_len: int) -> int:
+        return self.rows * row_len
+
+
+def tile_config(row_len: int, n_rows: int) -> TileConfig:
+    return TileConfig(row_len, n_rows)
+
+
+def tile_signature(x_type: str, index_dtype: torch.dtype) -> dict:
+    idx = {torch.int16: "*i16", torch.int32: "*i32"}[index_dtype]
+    return {"x_ptr": x_type, "val_ptr": x_type, "idx_ptr": idx, "n_rows": "i32", "row_len": "i32", "k": "i32",
+            "ROWS": "constexpr", "BLOCK_N": "constexpr", "BY_MAGNITUDE": "constexpr"}
+
+
+def restore_signature(v_type: str, idx_type: str) -> dict:
+    return {"val_ptr": v_type, "idx_ptr": idx_type, "out_ptr": v_type, "n_values": "i32", "row_len": "i32",
+            "k": "i32", "BLOCK": "constexpr"}
+
+
 @triton.jit
 def _sort_word(x, BY_MAGNITUDE: tl.constexpr):
     """fp32 -> uint32 whose unsigned order is torch.sort's order of the key."""
@@ -150,16 +181,14 @@ def topk_prune(x: torch.Tensor, k: int, by_magnitude: bool):
         return values, indices
     x = x.contiguous()
     if row_len <= REGISTER_ROW_MAX:
-        block_n = triton.next_power_of_2(row_len)
-        rows = min(max(1, TILE_ELEMS // block_n), triton.next_power_of_2(n_rows))
-        num_warps = min(16, max(1, rows * block_n // 256))  # 8 keys per thread, 16 at 8192
-        grid = (triton.cdiv(n_rows, rows),)
+        cfg = tile_config(row_len, n_rows)
+        grid = (triton.cdiv(n_rows, cfg.rows),)
         with on_device(x):
             _topk_tile_kernel[grid](
                 x, values, indices,
                 n_rows, row_len, k,
-                ROWS=rows, BLOCK_N=block_n, BY_MAGNITUDE=bool(by_magnitude),
-                num_warps=num_warps, enable_fp_fusion=False,
+                **cfg.constexprs(by_magnitude),
+                num_warps=cfg.num_warps, enable_fp_fusion=False,
             )
     else:
         with on_device(x):
@@ -190,6 +219,7 @@ def _topk_restore_kernel(
 
 
 RESTORE_BLOCK = 1024
+RESTORE_WARPS = 4
 
 
 def topk_restore(values: torch.Tensor, indices: torch.Tensor, row_length: int):
@@ -215,6 +245,6 @@ def topk_restore(values: torch.Tensor, indices: torch.Tensor, row_length: int):
         _topk_restore_kernel[grid](
             values, indices, out,
             n, row_length, k,
-            BLOCK=RESTORE_BLOCK, num_warps=4, enable_fp_fusion=False,
+            BLOCK=RESTORE_BLOCK, num_warps=RESTORE_WARPS, enable_fp_fusion=False,
         )
     return out

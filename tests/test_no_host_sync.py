@@ -1,0 +1,197 @@
+"""A training step of a patched model never waits for the host (issue 16).
+
+A GPU stalls whenever the host reads a value computed on it (`.item()`, `bool(t)`, `.tolist()`,
+`.cpu()`) or copies a host scalar to it (`torch.tensor(v, device=x.device)`). Without a GPU the
+same calls are visible on the CPU:
+
+* a TorchDispatchMode marks every tensor computed from the model's parameters or inputs and
+  counts `aten._local_scalar_dense` (what `.item()`, `bool()`, `float()` dispatch to) on them;
+* `Tensor.tolist/.cpu/.numpy` on such a tensor count as device-to-host reads;
+* `torch.tensor` / `torch.as_tensor` of host data with an explicit `device=` count as
+  host-to-device copies (on a GPU that device is the GPU; a CPU 0-dim tensor without a device
+  is read by the kernel launch and costs nothing).
+
+Seeds drawn from torch's CPU generator are host values and are not counted. On a GPU the same
+step also runs under `torch.cuda.set_sync_debug_mode("error")`.
+
+The inputs carry no padding mask and Llama runs with use_cache=False: transformers itself reads
+`padding_mask.all()` on the host when preparing an SDPA mask and copies the cache position with
+torch.tensor(..., device=) (its own syncs, present without slimfit too).
+"""
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakTensorKeyDictionary
+
+import slimfit
+from slimfit import SlimFitConfig
+
+from patch.tiny_models import build
+
+transformers = pytest.importorskip("transformers")
+
+PRESETS = ["exact", "paper", "aggressive", "wta_crs"]
+
+
+def _where() -> str:
+    """The innermost frame in slimfit or transformers (what to fix)."""
+    frames = [f for f in traceback.extract_stack()[:-2] if "/slimfit/" in f.filename or "/transformers/" in f.filename]
+    f = frames[-1] if frames else traceback.extract_stack()[-3]
+    return f"{f.filename.split('/site-packages/')[-1]}:{f.lineno} in {f.name}"
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """Counts host reads of tensors derived from `roots`, and host-to-device scalar copies."""
+
+    def __init__(self, roots):
+        super().__init__()
+        self.derived = WeakTensorKeyDictionary()
+        for r in roots:
+            self.derived[r] = True
+        self.hits: list[tuple[str, str]] = []
+
+    def is_derived(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t in self.derived
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        hot = any(self.is_derived(a) for a in tree_leaves((args, kwargs)))
+        if hot and func is torch.ops.aten._local_scalar_dense.default:
+            self.hits.append(("host read (.item / bool / float)", _where()))
+        out = func(*args, **kwargs)
+        if hot:
+            for o in tree_leaves(out):
+                if isinstance(o, torch.Tensor):
+                    self.derived[o] = True
+        return out
+
+
+def _install_copy_probes(monkeypatch, counter: HostSyncCounter) -> None:
+    def h2d(fn):
+        def wrapper(data, *args, **kwargs):
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+                counter.hits.append((f"host-to-device torch.{fn.__name__}", _where()))
+            return fn(data, *args, **kwargs)
+        return wrapper
+
+    def d2h(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            if counter.is_derived(self):
+                counter.hits.append((f"device-to-host .{name}()", _where()))
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(torch, "tensor", h2d(torch.tensor))
+    monkeypatch.setattr(torch, "as_tensor", h2d(torch.as_tensor))
+    for name in ("tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, d2h(name))
+
+
+def _model(family: str, config: SlimFitConfig, device: str):
+    model, inputs = build(family)
+    inputs.pop("attention_mask", None)  # transformers' own host read (see the module docstring)
+    if family == "llama":
+        inputs["use_cache"] = False
+    slimfit.patch(model, config)
+    model.to(device).train()
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return model, inputs
+
+
+def _counted_step(monkeypatch, family, config, device="cpu") -> list:
+    model, inputs = _model(family, config, device)
+    with monkeypatch.context() as m:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        roots = list(model.parameters()) + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+        counter = HostSyncCounter(roots)
+        _install_copy_probes(m, counter)
+        with counter:
+            loss = model(**inputs).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return counter.hits
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_training_step_has_no_host_sync(monkeypatch, family, preset):
+    hits = _counted_step(monkeypatch, family, SlimFitConfig.preset(preset))
+    assert hits == [], f"{len(hits)} host syncs in one {family} step with {preset}(): {sorted(set(hits))}"
+
+
+def test_frozen_layers_have_no_host_sync(monkeypatch):
+    """paper() with frozen weights: LayerNorm x̂ top-k pruned, linears on the frozen fast path."""
+    model, inputs = _model("bert", SlimFitConfig.paper(), "cpu")
+    for name, p in model.named_parameters():
+        if "layer.1." not in name and "classifier" not in name:
+            p.requires_grad_(False)
+    with monkeypatch.context() as m:
+        roots = list(model.parameters()) + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+        counter = HostSyncCounter(roots)
+        _install_copy_probes(m, counter)
+        with counter:
+            model(**inputs).loss.backward()
+    assert counter.hits == []
+
+
+def test_the_counter_sees_host_syncs(monkeypatch):
+    """Control: check_finite=True reads every compressed tensor's scale on the host; the counter
+    must report those (else the zero above would prove nothing)."""
+    hits = _counted_step(monkeypatch, "bert", SlimFitConfig.paper().replace(check_finite=True))
+    assert len(hits) >= 4 and all("kernels/api.py" in where for _, where in hits), hits
+
+
+def test_the_counter_sees_host_to_device_copies(monkeypatch):
+    x = torch.randn(4, requires_grad=True)
+    counter = HostSyncCounter([x])
+    with monkeypatch.context() as m:
+        _install_copy_probes(m, counter)
+        with counter:
+            y = x * torch.tensor(2.0, device=x.device)
+            y.sum().tolist()
+            y = x * torch.tensor(2.0)  # a CPU scalar: no copy
+    kinds = [k for k, _ in counter.hits]
+    assert kinds == ["host-to-device torch.tensor", "device-to-host .tolist()"], counter.hits
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_check_finite_catches_nan(family):
+    """check_finite=True raises on a NaN activation, naming it; off (the default) the step runs and
+    the NaN shows in the loss (never hidden)."""
+    model, inputs = _model(family, SlimFitConfig.paper().replace(check_finite=True), "cpu")
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        emb[inputs["input_ids"][0, 0]] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        model(**inputs).loss.backward()
+    model, inputs = _model(family, SlimFitConfig.paper(), "cpu")
+    with torch.no_grad():
+        model.get_input_embeddings().weight[inputs["input_ids"][0, 0]] = float("nan")
+    loss = model(**inputs).loss
+    loss.backward()
+    assert loss.isnan()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_cuda_step_under_sync_debug_mode(family):
+    model, inputs = _model(family, SlimFitConfig.paper(), "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(**inputs).loss.backward()  # warm-up: lazy inits may sync once
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(**inputs).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
