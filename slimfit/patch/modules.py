@@ -27,15 +27,41 @@ _CLASSES: dict = {}
 
 
 def patched_class(original: type, mixin: type) -> type:
-    """The subclass `SlimFit<Original>` of `original` with `mixin`'s forward; cached and
-    published in this module so that pickling a patched module finds it by name."""
+    """The subclass `SlimFit<Original>` of `original` with `mixin`'s forward, cached.
+
+    Its instances pickle as (original class, mixin) plus their state (`__reduce_ex__`): the class is
+    rebuilt on loading, so a pickled patched model loads in a process that never patched."""
     key = (original, mixin)
     if key not in _CLASSES:
         name = f"SlimFit{original.__name__}"
-        cls = type(name, (mixin, original), {"__module__": __name__, "__qualname__": name})
+        cls = type(name, (mixin, original), {"__module__": __name__, "__qualname__": name,
+                                             "__reduce_ex__": _reduce_ex})
         _CLASSES[key] = cls
-        globals().setdefault(name, cls)
     return _CLASSES[key]
+
+
+def _reduce_ex(self, protocol):
+    cls = type(self)
+    mixin, original = cls.__bases__
+    # the original class's own reduction (nn.Module: copyreg.__newobj__, (cls,), state), with the
+    # dynamically made class replaced by the recipe that rebuilds it
+    rv = super(cls, self).__reduce_ex__(max(int(protocol), 2))
+    if not (isinstance(rv, tuple) and len(rv) >= 2 and rv[1] and rv[1][0] is cls):
+        raise TypeError(f"slimfit: cannot pickle a patched {original.__name__} (its reduction is {rv[0]!r})")
+    return (_rebuild, (original, mixin) + tuple(rv[1][1:])) + tuple(rv[2:])
+
+
+def _rebuild(original: type, mixin: type, *args):
+    """Unpickling: the patched class of (original, mixin), and slimfit's attention functions
+    registered with transformers (a patched model's config names them)."""
+    import sys
+
+    if "transformers" in sys.modules:
+        from .hf_attention import register
+
+        register()
+    cls = patched_class(original, mixin)
+    return cls.__new__(cls, *args)
 
 
 def _needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
