@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable  # re-exported (attentio
 
 from ..kernels.api import PrunedTensor, QuantizedTensor, dequantize, quantize, topk_prune, topk_restore
 from ..kernels.validation import FLOAT_DTYPES, SUPPORTED_GROUP_SIZES
+from .seeds import side_seed
 
 __all__ = [
     "backward_once", "once_differentiable", "save", "load", "restore", "compress_quantize",
@@ -89,7 +90,8 @@ def _checking(check_finite: bool) -> bool:
 def compress_quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool,
                       check_finite: bool = False) -> QuantizedTensor:
     """`kernels.quantize` for saving an activation (seed drawn from torch's generator)."""
-    return quantize(x, bits, group_size, stochastic, check_finite=_checking(check_finite))
+    seed = side_seed("quantize", tuple(x.shape), bits) if stochastic else None  # see autograd/seeds.py
+    return quantize(x, bits, group_size, stochastic, seed=seed, check_finite=_checking(check_finite))
 
 
 def compress_topk(x: torch.Tensor, k: int, check_finite: bool = False) -> PrunedTensor:
