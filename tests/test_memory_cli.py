@@ -106,3 +106,42 @@ def test_resolve_and_catalogue():
         import transformers
 
         assert hasattr(transformers, arch.config_class) and hasattr(transformers, arch.model_class)
+
+
+def _row(out: str, module: str) -> tuple[float, float]:
+    """(saved, baseline) bytes of one per-module row."""
+    unit = r"([0-9.,]+ (?:B|KiB|MiB|GiB))"
+    m = re.search(r"^" + re.escape(module) + r"\s+" + unit + r"\s+\S+\s+" + unit, out, re.MULTILINE)
+    assert m, out
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+    def num(text):
+        value, u = text.split()
+        return float(value.replace(",", "")) * scale[u]
+
+    return num(m.group(1)), num(m.group(2))
+
+
+def test_llama_path_per_module_swiglu_rmsnorm_head_and_rope_untouched(capsys):
+    """The Llama path end to end (issue 14): SwiGLU and RMSNorm compressed as paper() says, the LM head's
+    logits gone from (root), RoPE left alone; all visible per module."""
+    rc = memory_cli.run(_args("llama-tiny", "--seq-len", "64", "--collapse-layers"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "swiglu[gate and up 4-bit]" in out and "rmsnorm[full/topk when frozen]" in out
+    assert "causal-lm loss[chunked linear + cross-entropy" in out
+    assert "rotary" not in out.split("Saved for backward")[0]  # nothing of RoPE patched or skipped
+    assert "RoPE) are computed as in transformers" in out
+    mlp, mlp_base = _row(out, "model.layers.*.mlp")
+    assert mlp * 3 < mlp_base  # gate and up at 4 bits vs gate, silu(gate), up in fp32
+    act, act_base = _row(out, "model.layers.*.mlp.act_fn")
+    assert act == 0 and act_base > 0  # the product is computed by the patched MLP itself
+    root, root_base = _row(out, "(root)")
+    assert root_base >= 64 * 1000 * 4 and root * 10 < root_base  # fp32 logits (seq x vocab 1000) gone
+
+
+def test_issue14_architectures_are_listed():
+    small = memory_cli.resolve("llama-small")
+    assert small.config["hidden_size"] == 256 and small.config["num_key_value_heads"] == 2
+    assert small.config["vocab_size"] == 8000 and small.config["max_position_embeddings"] >= 4096
+    assert memory_cli.resolve("smollm2").name == "smollm2-135m"

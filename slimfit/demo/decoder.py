@@ -189,7 +189,7 @@ def run(args, device: str) -> int:
         return 2
     print(f"slimfit demo: SmolLM2-135M-Instruct ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"from {SMOLLM2_FILE}) on Rotten Tomatoes as an instruction ({len(train)} train / {len(test)} test): "
-          f"answer{ANSWERS[1]!r} / {ANSWERS[0]!r}, loss on the answer only; {args.steps} steps of batch "
+          f"answer {ANSWERS[1]!r} / {ANSWERS[0]!r}, loss on the answer only; {args.steps} steps of batch "
           f"{args.batch_size}, lr {args.lr}, <= {args.max_length} tokens, device {device}, seed {args.seed}")
     common = dict(rate=args.rate, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                   max_length=args.max_length, device=device, progress=not args.no_progress)
