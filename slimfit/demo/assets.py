@@ -55,6 +55,35 @@ def rotten_tomatoes(seed: int = 0, n_train: int = 8000, n_test: int = 2000):
     return data[:n_train], data[n_train:n_train + n_test]
 
 
+FORTUNES_DIR = "/usr/share/games/fortunes"
+FORTUNES_HINT = "apt-get install fortunes (Debian's fortune-cookie files, one file per topic)"
+
+
+def fortunes(seed: int = 0, n_train: int = 8000, n_test: int = 2000, classes: int = 16):
+    """A many-class text task from Debian's `fortunes` package: which topic file (people, definitions,
+    computers, politics, science, ...) a fortune comes from; the `classes` largest files, labels by size
+    (0 = largest). Fortunes longer than 1,000 characters (ASCII art, long poems) are dropped. Shuffled
+    with `seed` and split into (train, test) lists of (text, label)."""
+    if not os.path.isdir(FORTUNES_DIR):
+        raise MissingAsset(f"{FORTUNES_DIR} is missing: " + FORTUNES_HINT)
+    by_topic: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(FORTUNES_DIR)):
+        path = os.path.join(FORTUNES_DIR, name)
+        if "." in name or not os.path.isfile(path):      # .dat indexes, .u8 links
+            continue
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            texts = [t.strip() for t in fh.read().split("\n%\n")]
+        by_topic[name] = [" ".join(t.split()) for t in texts if 0 < len(t) <= 1000]
+    topics = sorted(by_topic, key=lambda t: (-len(by_topic[t]), t))[:classes]
+    if len(topics) < classes:
+        raise MissingAsset(f"{FORTUNES_DIR} holds {len(topics)} topic files, fewer than {classes}: " + FORTUNES_HINT)
+    data = [(text, label) for label, topic in enumerate(topics) for text in by_topic[topic]]
+    random.Random(seed).shuffle(data)
+    if n_train + n_test > len(data):
+        raise ValueError(f"asked for {n_train}+{n_test} examples; the {classes} largest fortune files hold {len(data)}")
+    return data[:n_train], data[n_train:n_train + n_test]
+
+
 def _text_column(split, name: str) -> str:
     """The column holding the text: 'text' or 'sentence' if present, else the only string column."""
     features = split.features
@@ -103,6 +132,8 @@ def hub_dataset(spec: str, seed: int, n_train: int, n_test: int):
 def load_data(spec: str, seed: int, n_train: int, n_test: int):
     if spec == "rotten_tomatoes":
         return rotten_tomatoes(seed, n_train, n_test)
+    if spec == "fortunes":
+        return fortunes(seed, n_train, n_test)
     if spec.startswith("hf:"):
         return hub_dataset(spec[3:], seed, n_train, n_test)
-    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]' (hub)")
+    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' or 'fortunes' (offline) or 'hf:NAME[:CONFIG]' (hub)")
