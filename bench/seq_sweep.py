@@ -1,0 +1,317 @@
+#!/usr/bin/env python
+"""Saved-for-backward bytes and step time against the strongest default, across sequence lengths (issue 14).
+
+    python bench/seq_sweep.py                  # BERT-base, llama-small, SmolLM2-135M at seq 128..4096, batch 1, CPU;
+                                               # writes bench/results/seq_sweep_cpu.{csv,md}
+    python bench/seq_sweep.py --quick          # llama-tiny at seq 32 and 64: a smoke check, writes nothing
+    python bench/seq_sweep.py --models llama-small --seqs 256 1024 2048 --max-gib 8
+
+Models (`slimfit memory`'s architectures, random weights: the bytes saved do not depend on the values):
+  bert-base     BertForSequenceClassification, BERT-base sizes; its position table is extended to the longest
+                sequence asked (random weights: only the sizes matter)
+  llama-small   the issue's Llama: hidden 256, 4 layers, 8 heads, 2 KV heads, intermediate 512, vocab 8000
+  smollm2-135m  SmolLM2-135M's sizes: 30 layers, hidden 576, GQA 9/3, vocab 49152, tied embeddings
+
+Rows (one model object, patched and unpatched in turn, same batch, same seed):
+  plain-eager        plain PyTorch, eager attention, every parameter trainable
+  plain-sdpa         plain PyTorch, sdpa attention (the transformers default), every parameter trainable
+  plain-sdpa+frozen  plain sdpa with the frozen set of ILSScheduler(model, freeze_rate=0.9, seed=0) at its first step
+  paper+frozen       slimfit.patch(model, SlimFitConfig.paper()) + the same frozen set (sdpa model)
+  aggressive+frozen  slimfit.patch(model, SlimFitConfig.aggressive()) + the same frozen set
+
+Saved bytes: `slimfit.memory.measure` (saved-tensor hooks; parameters not counted) of one forward + backward.
+Step time: forward + backward of one step, the faster of the measured step and, when that took less than
+--retime-under seconds, one more step without hooks (a shared CPU: read ratios, not absolute times).
+Ratios are against the STRONGER plain baseline (the smaller of plain-eager and plain-sdpa, all trainable) and
+against plain sdpa with the same frozen set. A row whose bytes, extrapolated from the shorter lengths, would
+pass --max-gib, or whose step would take longer than --max-step-s, is skipped and said so.
+
+The issue's targets are printed, met or not:
+  T1  every length, every model: slimfit (paper and aggressive) keeps no more than plain sdpa, same frozen set
+  T2  SmolLM2-135M, seq 2048: >= 4x less than plain sdpa all trainable, >= 2x less than plain sdpa same frozen
+      set, step time within 1.2x of plain sdpa same frozen set
+  T3  BERT-base, seq 128: >= 8x less than plain eager and >= 6x less than plain sdpa (all trainable)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (HERE, ROOT):  # measure the slimfit of this tree
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+
+import _timing  # noqa: E402
+import slimfit  # noqa: E402
+from slimfit import memory_cli as mc  # noqa: E402
+from slimfit.config import SlimFitConfig  # noqa: E402
+
+ROWS = ("plain-eager", "plain-sdpa", "plain-sdpa+frozen", "paper+frozen", "aggressive+frozen")
+SLIM_ROWS = ("paper+frozen", "aggressive+frozen")
+DEFAULT_MODELS = ("bert-base", "llama-small", "smollm2-135m")
+DEFAULT_SEQS = (128, 512, 1024, 2048, 4096)
+FREEZE_RATE = 0.9
+
+
+@dataclasses.dataclass
+class Cell:
+    model: str
+    seq: int
+    row: str
+    saved: int | None = None
+    step_s: float | None = None
+    note: str = ""
+
+
+def commit_label() -> str:
+    """The commit the numbers ran at, and whether slimfit/ had uncommitted changes then."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "slimfit"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + uncommitted changes in slimfit/" if dirty else "")
+
+
+def build(name: str, max_seq: int):
+    arch = mc.resolve(name)
+    positions = arch.config.get("max_position_embeddings", 512 if arch.config_class == "BertConfig" else 2048)
+    if positions < max_seq:
+        arch = dataclasses.replace(arch, config={**arch.config, "max_position_embeddings": max_seq})
+    return arch, mc.build(arch, attn_implementation="sdpa", seed=0)
+
+
+def _plain_step(model, inputs):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def measure_row(model, inputs, retime_under: float) -> tuple[int, float]:
+    start = time.perf_counter()
+    run = mc.measure_step(model, inputs, seed=0)
+    step = time.perf_counter() - start
+    if step < retime_under:
+        start = time.perf_counter()
+        _plain_step(model, inputs)
+        step = min(step, time.perf_counter() - start)
+    return run.total, step
+
+
+def _predict(history: list[tuple[int, float]], seq: int, quadratic: bool) -> float | None:
+    """Extrapolate a value measured at shorter lengths to `seq` (growth exponent of the last two points)."""
+    if not history:
+        return None
+    if len(history) == 1:
+        exponent = 2.0 if quadratic else 1.5
+    else:
+        (s1, v1), (s2, v2) = history[-2], history[-1]
+        exponent = math.log(max(v2, 1e-9) / max(v1, 1e-9)) / math.log(s2 / s1)
+    s_last, v_last = history[-1]
+    return v_last * (seq / s_last) ** max(exponent, 1.0)
+
+
+def set_row(model, arch, row: str, frozen):
+    """Put the model in the state of `row` (unpatched model in, possibly patched model out)."""
+    model.set_attn_implementation("eager" if row == "plain-eager" else "sdpa")
+    mc.set_frozen(model, frozen if row.endswith("+frozen") else ())
+    if row in SLIM_ROWS:
+        slimfit.patch(model, SlimFitConfig.preset(row.split("+")[0]))
+        mc.set_frozen(model, frozen)
+
+
+def sweep_model(name: str, seqs, args, cells: list[Cell]) -> None:
+    arch, model = build(name, max(seqs))
+    frozen, candidates = mc.scheduler_frozen_set(model, FREEZE_RATE, seed=0)
+    print(f"\n{name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; "
+          f"frozen {len(frozen)} of {len(candidates)} candidate layers", flush=True)
+    bytes_hist = {row: [] for row in ROWS}
+    time_hist = {row: [] for row in ROWS}
+    for seq in seqs:
+        inputs = mc.make_inputs(model, arch.task, 1, seq, seed=0)
+        for row in ROWS:
+            cell = Cell(name, seq, row)
+            cells.append(cell)
+            est_bytes = _predict(bytes_hist[row], seq, quadratic=row == "plain-eager")
+            est_time = _predict(time_hist[row], seq, quadratic=True)
+            if est_bytes is not None and est_bytes > args.max_gib * 2**30:
+                cell.note = f"skipped: ~{est_bytes / 2**30:.1f} GiB expected (> --max-gib {args.max_gib})"
+            elif est_time is not None and est_time > args.max_step_s:
+                cell.note = f"skipped: ~{est_time:.0f} s per step expected (> --max-step-s {args.max_step_s})"
+            else:
+                set_row(model, arch, row, frozen)
+                try:
+                    cell.saved, cell.step_s = measure_row(model, inputs, args.retime_under)
+                finally:
+                    if row in SLIM_ROWS:
+                        slimfit.unpatch(model)
+                    mc.set_frozen(model, ())
+                bytes_hist[row].append((seq, cell.saved))
+                time_hist[row].append((seq, cell.step_s))
+            shown = f"{cell.saved / 2**20:10.1f} MiB {cell.step_s:8.2f} s" if cell.saved is not None else cell.note
+            print(f"  seq {seq:5d}  {row:<18} {shown}", flush=True)
+    del model
+
+
+# ------------------------------------------------------------------ ratios, targets, files
+def _get(cells, model, seq, row) -> Cell | None:
+    return next((c for c in cells if (c.model, c.seq, c.row) == (model, seq, row)), None)
+
+
+def stronger(cells, model, seq) -> tuple[str, int] | None:
+    """(row, bytes) of the smaller all-trainable plain baseline."""
+    found = [(c.row, c.saved) for r in ("plain-eager", "plain-sdpa")
+             if (c := _get(cells, model, seq, r)) is not None and c.saved is not None]
+    return min(found, key=lambda x: x[1]) if found else None
+
+
+def _ratio(base: int | None, run: int | None) -> float | None:
+    return None if not base or not run else base / run
+
+
+def targets(cells) -> list[tuple[str, bool | None, str]]:
+    """(target, met (None: not measured), figures)."""
+    out = []
+    worst = None
+    for c in cells:
+        if c.row in SLIM_ROWS and c.saved is not None:
+            ref = _get(cells, c.model, c.seq, "plain-sdpa+frozen")
+            if ref is not None and ref.saved is not None:
+                r = ref.saved / c.saved
+                if worst is None or r < worst[0]:
+                    worst = (r, c)
+    if worst is None:
+        out.append(("T1 slimfit <= plain sdpa same frozen set, every length", None, "not measured"))
+    else:
+        r, c = worst
+        out.append(("T1 slimfit <= plain sdpa same frozen set, every length", r >= 1.0,
+                    f"worst: {c.model} seq {c.seq} {c.row} {r:.2f}x"))
+    for row in SLIM_ROWS:
+        c = _get(cells, "smollm2-135m", 2048, row)
+        full = _get(cells, "smollm2-135m", 2048, "plain-sdpa")
+        fro = _get(cells, "smollm2-135m", 2048, "plain-sdpa+frozen")
+        if c is None or c.saved is None or full is None or full.saved is None or fro is None or fro.saved is None:
+            out.append((f"T2 SmolLM2 seq 2048 {row}", None, "not measured"))
+            continue
+        r_full, r_fro, t = full.saved / c.saved, fro.saved / c.saved, c.step_s / fro.step_s
+        out.append((f"T2 SmolLM2 seq 2048 {row}: >= 4x vs plain sdpa all trainable", r_full >= 4, f"{r_full:.2f}x"))
+        out.append((f"T2 SmolLM2 seq 2048 {row}: >= 2x vs plain sdpa same frozen set", r_fro >= 2, f"{r_fro:.2f}x"))
+        out.append((f"T2 SmolLM2 seq 2048 {row}: step time <= 1.2x plain sdpa same frozen set", t <= 1.2,
+                    f"{c.step_s:.2f} s vs {fro.step_s:.2f} s = {t:.2f}x"))
+    for row in SLIM_ROWS:
+        c = _get(cells, "bert-base", 128, row)
+        eager, sdpa = _get(cells, "bert-base", 128, "plain-eager"), _get(cells, "bert-base", 128, "plain-sdpa")
+        if c is None or c.saved is None or eager is None or sdpa is None or None in (eager.saved, sdpa.saved):
+            out.append((f"T3 BERT-base seq 128 {row}", None, "not measured"))
+            continue
+        r_e, r_s = eager.saved / c.saved, sdpa.saved / c.saved
+        out.append((f"T3 BERT-base seq 128 {row}: >= 8x vs plain eager", r_e >= 8, f"{r_e:.2f}x"))
+        out.append((f"T3 BERT-base seq 128 {row}: >= 6x vs plain sdpa", r_s >= 6, f"{r_s:.2f}x"))
+    return out
+
+
+def _mib(c: Cell | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c.saved / 2**20:,.1f}" if c.saved is not None else "skipped"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def render_md(cells, header: list[str]) -> str:
+    lines = list(header)
+    for model in dict.fromkeys(c.model for c in cells):
+        seqs = sorted({c.seq for c in cells if c.model == model})
+        lines += ["", f"### {model}", "",
+                  "| seq | " + " | ".join(f"{r} MiB" for r in ROWS)
+                  + " | stronger baseline | paper vs stronger | paper vs same frozen | aggressive vs stronger "
+                    "| aggressive vs same frozen | step s: sdpa+frozen / paper / aggressive |",
+                  "|---:|" + "---:|" * len(ROWS) + "---|---:|---:|---:|---:|---|"]
+        for seq in seqs:
+            row_cells = [_get(cells, model, seq, r) for r in ROWS]
+            base = stronger(cells, model, seq)
+            fro = _get(cells, model, seq, "plain-sdpa+frozen")
+            ratios = []
+            for r in SLIM_ROWS:
+                c = _get(cells, model, seq, r)
+                ratios += [_x(_ratio(base[1] if base else None, c.saved if c else None)),
+                           _x(_ratio(fro.saved if fro else None, c.saved if c else None))]
+            times = " / ".join("-" if c is None or c.step_s is None else f"{c.step_s:.2f}"
+                               for c in (fro, _get(cells, model, seq, "paper+frozen"),
+                                         _get(cells, model, seq, "aggressive+frozen")))
+            lines.append(f"| {seq} | " + " | ".join(_mib(c) for c in row_cells)
+                         + f" | {base[0] if base else '-'} | " + " | ".join(ratios) + f" | {times} |")
+        notes = sorted({c.note for c in cells if c.model == model and c.note})
+        for note in notes:
+            rows = ", ".join(f"{c.row} @ {c.seq}" for c in cells if c.model == model and c.note == note)
+            lines.append(f"\n{rows}: {note}")
+    lines += ["", "### Targets (issue 14)", "", "| target | met | figures |", "|---|---|---|"]
+    for name, met, figures in targets(cells):
+        lines.append(f"| {name} | {'n/a' if met is None else ('yes' if met else 'NO')} | {figures} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(cells, header, out_dir: str, commit: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "seq_sweep_cpu.csv"), "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["commit", "model", "seq", "batch", "row", "saved_bytes", "step_s", "note"])
+        for c in cells:
+            w.writerow([commit, c.model, c.seq, 1, c.row, c.saved if c.saved is not None else "",
+                        f"{c.step_s:.4f}" if c.step_s is not None else "", c.note])
+    with open(os.path.join(out_dir, "seq_sweep_cpu.md"), "w") as fh:
+        fh.write(render_md(cells, header))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    p.add_argument("--seqs", nargs="+", type=int, default=list(DEFAULT_SEQS))
+    p.add_argument("--max-gib", type=float, default=6.0, help="skip rows expected to save more (default 6 GiB)")
+    p.add_argument("--max-step-s", type=float, default=240.0, help="skip rows expected to take longer per step")
+    p.add_argument("--retime-under", type=float, default=90.0,
+                   help="time one more step without hooks when the measured one took less (seconds)")
+    p.add_argument("--quick", action="store_true", help="llama-tiny at seq 32 and 64; writes nothing")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.seqs = ["llama-tiny"], [32, 64]
+    commit = commit_label()
+    import transformers
+
+    header = ["# Saved-for-backward bytes and step time vs sequence length (bench/seq_sweep.py)", "",
+              f"Commit: {commit}; {_timing.now()}; {_timing.cpu_model()}, {torch.get_num_threads()} threads; "
+              f"torch {torch.__version__}, transformers {transformers.__version__}.",
+              f"Batch 1, fp32, train mode, CPU. Frozen set: ILSScheduler(freeze_rate={FREEZE_RATE}, seed=0) at its "
+              "first step. MiB = bytes autograd saves for backward in one step (slimfit.memory). 'stronger baseline' "
+              "= the smaller of plain eager and plain sdpa, all trainable. Step times come from a shared 2-core "
+              "machine: compare rows of one run, not runs."]
+    cells: list[Cell] = []
+    print("\n".join(header), flush=True)
+    for name in args.models:
+        sweep_model(name, sorted(args.seqs), args, cells)
+    print()
+    print(render_md(cells, []))
+    if not args.quick:
+        write(cells, header, args.out, commit)
+        print(f"wrote {os.path.join(args.out, 'seq_sweep_cpu.csv')} and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
