@@ -1,0 +1,158 @@
+"""PyTorch's own attention through slimfit's compressed paths: every call of
+`F.scaled_dot_product_attention` made inside a patched model's forward.
+
+That covers `nn.MultiheadAttention` when it runs without attention weights (`need_weights=False`, as
+`nn.TransformerEncoderLayer` / `DecoderLayer` call it in training) and modules that call SDPA directly
+(timm's ViTs, most hand-written transformers). The calls are caught by a `TorchFunctionMode` entered by a
+forward pre-hook of the model and left by a forward hook (`always_call=True`, so an exception does not
+leave it behind); no module is swapped. One exception to "thread-local": `F.multi_head_attention_forward`
+is itself a torch function, and the mode is off while it handles one, so its inner SDPA call would not be
+seen; for the duration of that one call the `scaled_dot_product_attention` global of torch.nn.functional
+(which it calls by name) is rebound to a router that acts only on the calling thread and passes other
+threads' calls through unchanged. Each call then takes the same
+path rule as Hugging Face models (`hf_attention.choose_path`): PyTorch's fused kernel with Q/K/V saved at
+8 bits where one exists, slimfit's materializing core otherwise (e.g. attention dropout on the CPU).
+Calls that need no gradient, or that SDPA itself would refuse, run the original function.
+
+Used for models whose attention is not a transformers attention slimfit routes through its registry.
+`nn.MultiheadAttention` with `need_weights=True` (its default when called directly) computes softmax(QKᵀ)
+itself, without SDPA, and is left as it is.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .. import autograd as sf
+from .hf_attention import choose_path
+
+ROUTER = "_slimfit_sdpa_router"
+_SDPA = F.scaled_dot_product_attention
+
+
+def _original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    extra = {"enable_gqa": True} if enable_gqa else {}
+    return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                 **extra)
+
+
+def route(opts: dict, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    """One F.scaled_dot_product_attention call, through slimfit when it builds a graph."""
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.dim() != 4 for t in tensors):
+        return _original(*args)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    hq, hk = query.shape[1], key.shape[1]
+    shapes_ok = hq == hk or (enable_gqa and hk and hq % hk == 0)
+    if not needs_grad or not shapes_ok or (attn_mask is not None and is_causal):
+        return _original(*args)  # no graph, or a call SDPA answers itself (broadcasting, its own errors)
+    path, _ = choose_path(opts, query, key, value, attn_mask, float(dropout_p), bool(is_causal))
+    if path == "fused":
+        return sf.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
+                                  dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"],
+                                  group_size=opts["group_size"])
+    if hq != hk:
+        key, value = key.repeat_interleave(hq // hk, 1), value.repeat_interleave(hq // hk, 1)
+    return sf.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
+                        dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"], probs=opts["probs"],
+                        keep_ratio=opts["keep_ratio"], group_size=opts["group_size"],
+                        dropout_mode="on_v" if opts["dropout_on_v"] else "seed")
+
+
+_local = threading.local()  # the options of the MHA call running on this thread, if any
+_lock = threading.Lock()
+_rebound = 0
+
+
+def _thread_router(*args, **kwargs):
+    opts = getattr(_local, "opts", None)
+    if opts is None:  # another thread's call while one thread is inside MHA: as PyTorch
+        return _SDPA(*args, **kwargs)
+    return route(opts, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _rebind_sdpa_global(opts: dict):
+    """F.scaled_dot_product_attention -> _thread_router while this thread runs one MHA call."""
+    global _rebound
+    previous = getattr(_local, "opts", None)
+    _local.opts = opts
+    with _lock:
+        if _rebound == 0:
+            F.scaled_dot_product_attention = _thread_router
+        _rebound += 1
+    try:
+        yield
+    finally:
+        _local.opts = previous
+        with _lock:
+            _rebound -= 1
+            if _rebound == 0:
+                F.scaled_dot_product_attention = _SDPA
+
+
+class _SDPARouter(TorchFunctionMode):
+    def __init__(self, opts: dict):
+        super().__init__()
+        self.opts = opts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SDPA:  # the mode is off while this runs, so slimfit's own calls are not caught
+            return route(self.opts, *args, **kwargs)
+        if func is F.multi_head_attention_forward:  # calls SDPA by its global name, with the mode off
+            with _rebind_sdpa_global(self.opts):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+class _Router:
+    """The mode and hook handles of one model (kept on the model, removed by `remove`)."""
+
+    def __init__(self, model: nn.Module, opts: dict):
+        self.mode = _SDPARouter(opts)
+        self.depth = 0
+        self.handles = [model.register_forward_pre_hook(self._enter),
+                        model.register_forward_hook(self._leave, always_call=True)]
+
+    def _enter(self, module, args):
+        if self.depth == 0:
+            self.mode.__enter__()
+        self.depth += 1
+
+    def _leave(self, module, args, output):
+        self.depth -= 1
+        if self.depth == 0:
+            self.mode.__exit__(None, None, None)
+
+
+def install(model: nn.Module, config, summary) -> bool:
+    """Route the model's F.scaled_dot_product_attention calls (config.attention must be on)."""
+    if hasattr(model, ROUTER):
+        return True
+    opts = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
+            "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
+            "path": config.attention_path}
+    setattr(model, ROUTER, _Router(model, opts))
+    mode = f"qkv {config.qkv_bits or 'full'}, path {config.attention_path}"
+    mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    for name in mha:
+        summary.patched.append((name, "attention", mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))
+    summary.patched.append(("<sdpa>", "attention", mode + ": every F.scaled_dot_product_attention call in forward"))
+    return True
+
+
+def remove(model: nn.Module) -> None:
+    router = getattr(model, ROUTER, None)
+    if router is None:
+        return
+    for h in router.handles:
+        h.remove()
+    delattr(model, ROUTER)
