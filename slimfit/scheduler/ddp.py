@@ -20,14 +20,12 @@ DistributedDataParallel needs:
   never synchronise a layer that was frozen at that moment and unfrozen later.
 * ``gradient_as_bucket_view`` may be on or off.
 
-FSDP is not supported. FSDP1 (``FullyShardedDataParallel``) flattens the parameters of a
-wrapped unit into one ``FlatParameter`` whose ``requires_grad`` is all-or-nothing, so single
-layers cannot be frozen step by step; with ``use_orig_params=True`` it still requires a
-uniform ``requires_grad`` per unit at wrap time. FSDP2 (``fully_shard``) shards each
-parameter as a DTensor: the scores would be computed on local shards only and would need
-an all-reduce of partial sums, and its reduce-scatter of changing parameter sets is
-untested here. The scheduler raises NotImplementedError on both instead of training
-wrongly.
+FSDP2 (``fully_shard``) is supported: each parameter is a DTensor shard, ``requires_grad``
+flips per parameter, and ``sharded.py`` computes the scores from per-shard sums added by one
+all-reduce, so every rank gets the same scores without a broadcast. FSDP1
+(``FullyShardedDataParallel``) is not: it flattens a unit's parameters into one
+``FlatParameter`` whose ``requires_grad`` is all-or-nothing, so single layers cannot be frozen
+step by step; the scheduler raises NotImplementedError instead of training wrongly.
 """
 from __future__ import annotations
 
@@ -40,44 +38,26 @@ from torch import nn
 __all__ = ["check_parallel_wrappers", "resolve_group", "DistSync"]
 
 
-def _is_fsdp(model: nn.Module) -> bool:
-    classes = []
+def _is_fsdp1(model: nn.Module) -> bool:
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
-        classes.append(FullyShardedDataParallel)
     except Exception:  # torch built without distributed
-        pass
-    try:
-        from torch.distributed.fsdp import FSDPModule
-        classes.append(FSDPModule)
-    except Exception:
-        pass
-    if classes and any(isinstance(m, tuple(classes)) for m in model.modules()):
-        return True
-    return False
+        return False
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
-def _has_sharded_params(params: Sequence[torch.Tensor]) -> bool:
-    for p in params:
-        if type(p).__name__ == "FlatParameter":
-            return True
-        try:
-            from torch.distributed.tensor import DTensor
-        except Exception:
-            return False
-        if isinstance(p, DTensor):
-            return True
-    return False
+def _has_flat_params(params: Sequence[torch.Tensor]) -> bool:
+    return any(type(p).__name__ == "FlatParameter" for p in params)
 
 
 def check_parallel_wrappers(model: Optional[nn.Module], params: Sequence[torch.Tensor]) -> None:
     """Raise a clear error for settings under which ILS cannot work."""
-    if (model is not None and _is_fsdp(model)) or _has_sharded_params(params):
+    if (model is not None and _is_fsdp1(model)) or _has_flat_params(params):
         raise NotImplementedError(
-            "slimfit's ILS scheduler does not support FSDP or sharded (FlatParameter/DTensor) parameters: "
-            "FSDP1 flattens a unit's parameters into one FlatParameter with a single requires_grad, so "
-            "layers cannot be frozen one by one, and FSDP2's per-parameter shards would need distributed "
-            "scores. Use DistributedDataParallel(find_unused_parameters=True) instead; see docs/scheduler.md.")
+            "slimfit's ILS scheduler does not support FSDP1 (FullyShardedDataParallel / FlatParameter): it "
+            "flattens a unit's parameters into one FlatParameter with a single requires_grad, so layers cannot "
+            "be frozen one by one. Use FSDP2 (torch.distributed.fsdp.fully_shard) or "
+            "DistributedDataParallel(find_unused_parameters=True); see docs/scheduler.md.")
     if isinstance(model, nn.parallel.DistributedDataParallel):
         if getattr(model, "static_graph", False):
             raise ValueError(

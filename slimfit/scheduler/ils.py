@@ -38,6 +38,7 @@ from .candidates import TASK_HEAD, drop_always_trained, find_candidates, resolve
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .optim import FROZEN_UPDATES, FrozenGradGuard, check_optimizer_coverage
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
+from .sharded import is_sharded, local_tensor, sharded_scores
 from .selection import ROUNDINGS, choose_trained, num_frozen, starved_first, training_order
 
 __all__ = ["ILSScheduler"]
@@ -189,6 +190,11 @@ class ILSScheduler:
             self._dist = DistSync(group)
             init = self._dist.init_check(names_digest(self.names, [tuple(p.shape) for p in self.params]), init)
         self._scores = init
+        # FSDP2 (fully_shard): parameters are DTensors; scores come from per-shard sums (sharded.py).
+        self._sharded = any(is_sharded(p) for p in self.params)
+        self._group = group
+        if self._sharded and self._dist is None:
+            raise RuntimeError("sharded (DTensor) parameters need an initialised torch.distributed process group")
         self._seen = torch.zeros(L, dtype=torch.bool)      # has a real score
         self._trained = torch.zeros(L, dtype=torch.bool)   # current decision: trains this step
         self._age = torch.zeros(L, dtype=torch.long)       # steps spent in the current state
@@ -327,12 +333,12 @@ class ILSScheduler:
             flags = [self._zero_flags[i] for i in idx]
             # CPU: the scoring pass refreshes the snapshots while the blocks are in cache.
             # Accelerators: refresh after the decision, only for layers that stay trained.
-            in_pass = all(self.params[i].device.type == "cpu" for i in idx)
-            vals = compute_scores(
-                self.score, [self._snap[i] for i in idx], [self.params[i] for i in idx],
-                chunk_numel=self.chunk_numel,
-                collective=self._dist.broadcast if self._dist is not None else None, zero_flags=flags,
-                refresh=in_pass)
+            in_pass = self._sharded or all(self.params[i].device.type == "cpu" for i in idx)
+            if self._sharded:
+                vals = sharded_scores(self.score, [self._snap[i] for i in idx], [self.params[i] for i in idx],
+                                      group=self._group, refresh=True)
+            else:
+                vals = self._local_scores(idx, flags, in_pass)
             for i, f in zip(idx, flags):
                 self._zero_flags[i] = f
             it = torch.tensor(idx, dtype=torch.long)
@@ -464,6 +470,13 @@ class ILSScheduler:
                 "frozen_update": self.frozen_update, "warmup_steps": self.warmup_steps,
                 "min_train_share": self.min_train_share, "release_state_after": self.release_state_after}
 
+    def _local_scores(self, idx: list[int], flags: list[bool], refresh: bool) -> torch.Tensor:
+        return compute_scores(
+            self.score, [self._snap[i] for i in idx], [self.params[i] for i in idx],
+            chunk_numel=self.chunk_numel,
+            collective=self._dist.broadcast if self._dist is not None else None, zero_flags=flags,
+            refresh=refresh)
+
     def _frozen_params(self) -> list[nn.Parameter]:
         return [p for p, t in zip(self.params, self._trained.tolist()) if not t]
 
@@ -517,7 +530,7 @@ class ILSScheduler:
             del self._snap[i]                                # frozen layers need no snapshot
         reuse = [i for i in idx if i in self._snap]
         if reuse and refresh:
-            torch._foreach_copy_([self._snap[i] for i in reuse], [self.params[i].detach() for i in reuse])
+            torch._foreach_copy_([self._snap[i] for i in reuse], [local_tensor(self.params[i]) for i in reuse])
         for i in idx:
             if i not in self._snap:
-                self._snap[i] = self.params[i].detach().clone()
+                self._snap[i] = local_tensor(self.params[i]).clone()   # a sharded layer: this rank's shard

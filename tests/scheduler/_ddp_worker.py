@@ -31,15 +31,14 @@ def _body(rank, world, outdir, steps):
             ILSScheduler(DDP(MLP(), **kw), freeze_rate=0.6)
         except ValueError as e:
             errors[str(kw)] = str(e)
-    try:                                            # FSDP2 is refused clearly
-        from torch.distributed.fsdp import fully_shard
-        sharded = MLP()
-        fully_shard(sharded)
-    except Exception as e:                          # FSDP2 not usable on this CPU build
+    try:                                            # FSDP1 is refused clearly (FSDP2: test_fsdp2.py)
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        flat = FullyShardedDataParallel(MLP())
+    except Exception as e:                          # FSDP1 not usable on this CPU build
         errors["fsdp"] = f"unavailable: {type(e).__name__}"
     else:
         try:
-            ILSScheduler(sharded, freeze_rate=0.6)
+            ILSScheduler(flat, freeze_rate=0.6)
         except NotImplementedError as e:
             errors["fsdp"] = str(e)
 
