@@ -90,6 +90,10 @@ def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], d
         choice = _aten._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa)
         return "cpu_flash" if choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION) else None
     if q.device.type == "cuda":
+        # SDPA's composite pads odd head dims to a multiple of 8 before calling these kernels; this path
+        # does not pad, so it takes only head dims the kernels accept as they are.
+        if q.shape[-1] % 8 or v.shape[-1] % 8:
+            return None
         cuda = torch.backends.cuda
         if attn_mask is None:
             params = _cuda_params(q, k, v, None, dropout_p, is_causal, gqa)
@@ -149,7 +153,10 @@ def _forward_op(kernel, q, k, v, mask, dropout_p, is_causal, scale):
         out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, attn_mask=_additive_mask(mask, q.dtype), scale=scale)
         return out, lse, {}
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:  # the CUDA kernels read rows contiguously
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if kernel == "cuda_flash":
+        # cum_q / cum_k come back as None for dense inputs and are passed back as they are
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = _aten._scaled_dot_product_flash_attention(
             q, k, v, dropout_p, is_causal, False, scale=scale)
         return out, lse, {"cum_q": cum_q, "cum_k": cum_k, "max_q": max_q, "max_k": max_k,
