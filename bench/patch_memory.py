@@ -142,7 +142,7 @@ def bench_model(label: str, arch: mc.Architecture, args, settings: _timing.Setti
     for method, (attn, preset, use_frozen) in METHODS.items():
         model.set_attn_implementation(attn)
         if preset is not None:
-            _, summaries[method] = slimfit.patch(model, SlimFitConfig.preset(preset))
+            _, summaries[method] = slimfit.patch(model, SlimFitConfig.preset(preset), return_summary=True)
         names = frozen if use_frozen else []
         mc.set_frozen(model, names)
         try:

@@ -349,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
     set_frozen(model, frozen)
     plain_frozen = measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name="plain, frozen")
     config = SlimFitConfig.preset(args.preset)
-    _, summary = slimfit.patch(model, config)
+    _, summary = slimfit.patch(model, config, return_summary=True)
     set_frozen(model, frozen)
     try:
         patched = measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name=args.preset)

@@ -2,6 +2,7 @@
 same state_dict keys); slimfit.unpatch(model) restores the original behaviour exactly."""
 from __future__ import annotations
 
+import re
 import warnings
 
 from torch import nn
@@ -24,7 +25,8 @@ from .modules import (
     SwiGLUMixin,
     patched_class,
 )
-from .sampling import NORM_CACHE, SampleIds, install_hooks, install_seed_hook, norm_caches, remove_hooks, sample_ids
+from .sampling import (NORM_CACHE, SampleIds, install_hooks, install_new_module_check, install_seed_hook, norm_caches,
+                       remove_hooks, sample_ids)
 from .summary import PatchSummary
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 
@@ -89,21 +91,28 @@ def _swap(module: nn.Module, mixin: type, options: dict) -> None:
     module.__class__ = patched_class(original, mixin)
 
 
-def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Module, PatchSummary]:
-    """Patch `model` in place for `config` (default: SlimFitConfig.paper()); returns (model, summary).
+def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modules=None, exclude_modules=None,
+          return_summary: bool = False):
+    """Patch `model` in place for `config` (default: SlimFitConfig.paper()) and return it, as peft's
+    get_peft_model does; the summary is `model.slimfit_summary` (or `slimfit.patch.summary(model)`),
+    and `return_summary=True` returns (model, summary).
 
-    Patching an already patched model with the same config returns the first summary;
-    with another config it raises (unpatch first)."""
+    target_modules / exclude_modules (as in peft): a list of names, each matching a module whose
+    name is that name or ends with '.' + that name, or one string, a regular expression the whole
+    name must match. A module is selected when it or a module containing it matches (so
+    `exclude_modules=["classifier"]` leaves the classifier and everything in it alone).
+
+    Patching again with the same config re-patches the whole model, picking up modules added since
+    (PEFT adapters: `slimfit.patch(get_peft_model(patched, lora), config)` compresses what
+    patching after get_peft_model compresses; sampled layers keep their gradient-norm caches). A
+    model containing a model patched with another config raises (unpatch first)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"slimfit.patch expects a torch.nn.Module, got {type(model).__name__}")
     config = SlimFitConfig.paper() if config is None else config
     if not isinstance(config, SlimFitConfig):
         raise TypeError(f"slimfit.patch: config must be a SlimFitConfig, got {type(config).__name__}")
-    state = getattr(model, MODEL_STATE, None)
-    if state is not None:
-        if state["config"] == config:
-            return model, state["summary"]
-        raise RuntimeError("slimfit.patch: this model is already patched with another config; call slimfit.unpatch(model) first")
+    keep = _name_filter(target_modules, exclude_modules)
+    caches = _release_patched(model, config)
 
     family = family_for(model)
     summary = PatchSummary(family=family.name if family else "generic")
@@ -120,7 +129,12 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
 
     for name, module in model.named_modules():
         cls = type(module)
-        if hasattr(module, ORIGINAL_CLASS) or id(module) in inside_swiglu:
+        if ORIGINAL_CLASS in vars(module) or id(module) in inside_swiglu:
+            continue
+        why_not = keep(name)
+        if why_not:
+            if not any(True for _ in module.children()) and name:
+                summary.skipped.append((name, cls.__name__, why_not))
             continue
         if cls is nn.Linear or cls.__name__ == "NonDynamicallyQuantizableLinear" or (conv1d is not None and cls is conv1d):
             is_ffn_out = family is not None and family.is_ffn_out(name)
@@ -195,13 +209,77 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None) -> tuple[nn.Mod
     if config.stochastic or holder is not None:
         install_seed_hook(model)
     if config.attention:
-        summary.attention = _patch_attention(model, config, summary)
+        summary.attention = _patch_attention(model, config, summary, keep)
         if summary.attention is None:  # not a transformers attention: route its F.scaled_dot_product_attention calls
             torch_attention.install(model, config, summary)
     if config.lm_head_chunk_rows is not None:
         patch_causal_lm(model, config.lm_head_chunk_rows, summary)
-    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder})
-    return model, summary
+    for module in model.modules():  # the sampled layers' stale gradient norms survive a re-patch
+        if id(module) in caches and NORM_CACHE in vars(module):
+            setattr(module, NORM_CACHE, caches[id(module)])
+    install_new_module_check(model)
+    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder,
+                                 "filters": (target_modules, exclude_modules)})
+    model.slimfit_summary = summary
+    return (model, summary) if return_summary else model
+
+
+def patch_summary(model: nn.Module) -> PatchSummary | None:
+    """The summary of the patch of `model` (None when `model` is not a patched root)."""
+    state = vars(model).get(MODEL_STATE)  # vars: PeftModel forwards unknown attributes to its base model
+    return None if state is None else state["summary"]
+
+
+def _name_filter(target_modules, exclude_modules):
+    """keep(name) -> None when the module named `name` is selected, else the reason it is not."""
+    target = _name_matcher("target_modules", target_modules)
+    exclude = _name_matcher("exclude_modules", exclude_modules)
+
+    def keep(name: str) -> str | None:
+        prefixes = [name[:i] for i, c in enumerate(name) if c == "."] + [name]
+        if target is not None and not any(target(p) for p in prefixes):
+            return "not in target_modules"
+        if exclude is not None and any(exclude(p) for p in prefixes):
+            return "in exclude_modules"
+        return None
+
+    return keep
+
+
+def _name_matcher(arg: str, spec):
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        try:
+            pattern = re.compile(spec)
+        except re.error as exc:
+            raise ValueError(f"slimfit.patch: {arg}={spec!r} is not a valid regular expression ({exc})") from None
+        return lambda name: pattern.fullmatch(name) is not None
+    if isinstance(spec, (list, tuple, set, frozenset)) and all(isinstance(k, str) and k for k in spec):
+        keys = tuple(spec)
+        return lambda name: any(name == k or name.endswith("." + k) for k in keys)
+    raise TypeError(f"slimfit.patch: {arg} must be a regular expression (str) or a list of module names, "
+                    f"got {spec!r}")
+
+
+def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:
+    """Before (re-)patching: unpatch every patched model inside `model` (itself included) after
+    checking it was patched with the same config; returns their NormCaches by module id."""
+    # vars(), not getattr: PeftModel forwards unknown attributes to the model it wraps
+    roots = [(name, m) for name, m in model.named_modules() if MODEL_STATE in vars(m)]
+    for name, m in roots:
+        if vars(m)[MODEL_STATE]["config"] != config:
+            where = f"its submodule {name!r}" if name else "this model"
+            raise RuntimeError(f"slimfit.patch: {where} is already patched with another config; call "
+                               "slimfit.unpatch(model) first")
+    if not roots and any(ORIGINAL_CLASS in vars(m) for m in model.modules()):
+        raise RuntimeError("slimfit.patch: modules of this model are already patched, by slimfit.patch of a model "
+                           "that contains it (or left patched by PEFT's merge_and_unload); call "
+                           "slimfit.unpatch(model) first, or patch the containing model")
+    caches = {id(m): vars(m)[NORM_CACHE] for m in model.modules() if NORM_CACHE in vars(m)}
+    if roots:
+        unpatch(model)
+    return caches
 
 
 def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
@@ -214,7 +292,7 @@ def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
     return family is not None and family.is_sample_target(name)
 
 
-def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary) -> str | None:
+def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep) -> str | None:
     hf_config = getattr(model, "config", None)
     current = getattr(hf_config, "_attn_implementation", None)
     if current not in hf_attention.IMPLEMENTATIONS:
@@ -228,7 +306,7 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
                "path": config.attention_path}
     n = 0
     for name, module in model.named_modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "config"):
+        if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name):
             setattr(module, hf_attention.ATTENTION_OPTIONS, dict(options))
             summary.patched.append((name, "attention", f"qkv {config.qkv_bits or 'full'}, P {config.attn_probs}"))
             n += 1
@@ -252,28 +330,38 @@ def _set_attn_implementation(model: nn.Module, name: str) -> None:
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Restore every patched module's class and the attention implementation."""
-    state = getattr(model, MODEL_STATE, None)
-    if state is None:
-        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
-        return model
-    remove_hooks(model)
-    torch_attention.remove(model)
-    unpatch_causal_lm(model)
+    """Restore every patched module's class, the attention implementation and the root hooks.
+
+    Works from what is on the modules, not from the patched root's record: a model patched as a
+    part of a larger one, or left by PEFT's merge_and_unload (patched modules, slimfit's attention
+    in its config, no record) is restored as well."""
+    found = False
+    reverse = {v: k for k, v in hf_attention.IMPLEMENTATIONS.items()}
     for module in model.modules():
-        original = getattr(module, ORIGINAL_CLASS, None)
+        own = vars(module)  # not getattr: PeftModel forwards unknown attributes to the model it wraps
+        if MODEL_STATE in own:
+            found = True
+            remove_hooks(module)
+            torch_attention.remove(module)
+            delattr(module, MODEL_STATE)
+            vars(module).pop("slimfit_summary", None)
+        original = own.get(ORIGINAL_CLASS)
         if original is not None:
+            found = True
             module.__class__ = original
             delattr(module, ORIGINAL_CLASS)
             delattr(module, OPTIONS)
-        if hasattr(module, NORM_CACHE):
-            delattr(module, NORM_CACHE)
-        if hasattr(module, hf_attention.ATTENTION_OPTIONS):
-            delattr(module, hf_attention.ATTENTION_OPTIONS)
-    if state["summary"].attention:
-        reverse = {v: k for k, v in hf_attention.IMPLEMENTATIONS.items()}
-        _set_attn_implementation(model, reverse[state["summary"].attention])
-    delattr(model, MODEL_STATE)
+        for attr in (NORM_CACHE, hf_attention.ATTENTION_OPTIONS):
+            if attr in own:
+                found = True
+                delattr(module, attr)
+        cfg = getattr(module, "config", None)
+        if getattr(cfg, "_attn_implementation", None) in reverse:
+            found = True
+            _set_attn_implementation(module, reverse[cfg._attn_implementation])
+    unpatch_causal_lm(model)
+    if not found:
+        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
     return model
 
 
@@ -281,5 +369,6 @@ def unpatch(model: nn.Module) -> nn.Module:
 # are also reachable from it: slimfit.patch.sample_ids(model, ids), slimfit.patch.norm_caches(model).
 patch.sample_ids = sample_ids
 patch.norm_caches = norm_caches
+patch.summary = patch_summary
 
-__all__ = ["patch", "unpatch", "PatchSummary", "sample_ids", "norm_caches"]
+__all__ = ["patch", "unpatch", "PatchSummary", "sample_ids", "norm_caches", "patch_summary"]

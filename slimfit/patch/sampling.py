@@ -106,8 +106,35 @@ def _advance_generator(module, args):
     torch.randint(0, 2, (1,))
 
 
+_ADDED_WARNING = (
+    "slimfit: {n} linear layer(s) were added to this model after slimfit.patch and are not compressed "
+    "(e.g. {names}; PEFT adapters?). Call slimfit.patch after get_peft_model, or call slimfit.patch(model, "
+    "config) again on the outermost model: with the same config it re-patches everything."
+)
+
+
+def _check_new_modules(module, args):
+    """Once, at the first forward: linear layers that slimfit.patch would have patched but that are
+    not patched were added after it (PEFT's get_peft_model after slimfit.patch): say so."""
+    from . import MODEL_STATE, ORIGINAL_CLASS, _name_filter
+
+    state = getattr(module, MODEL_STATE, None)
+    if state is None or state.get("checked") or torch.compiler.is_compiling():
+        return
+    state["checked"] = True
+    keep = _name_filter(*state.get("filters", (None, None)))
+    added = [name for name, m in module.named_modules()
+             if type(m) is torch.nn.Linear and not hasattr(m, ORIGINAL_CLASS) and not keep(name)]
+    if added:
+        warnings.warn(_ADDED_WARNING.format(n=len(added), names=", ".join(added[:3])), stacklevel=3)
+
+
+def install_new_module_check(model: torch.nn.Module) -> None:
+    model.register_forward_pre_hook(_check_new_modules)
+
+
 # module-level functions (not closures) so that a patched model pickles
-for _fn in (_pop_sample_ids, _drop_sample_ids, _advance_generator):
+for _fn in (_pop_sample_ids, _drop_sample_ids, _advance_generator, _check_new_modules):
     setattr(_fn, _HOOK_MARK, True)
 
 

@@ -53,7 +53,7 @@ def _close(a, b):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loss_and_gradients_equal_the_models_own(family):
     model, inputs = _model(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), CHUNKED)
+    patched, summary = slimfit.patch(copy.deepcopy(model), CHUNKED, return_summary=True)
     assert summary.counts()["causal-lm loss[chunked linear + cross-entropy, 5 rows per chunk (no logits kept; "
                             "logits=None in training)]"] == 1
     model.eval(), patched.eval()  # no dropout; gradients still flow
@@ -71,7 +71,7 @@ def test_loss_and_gradients_equal_the_models_own(family):
 def test_tied_head_and_half_frozen_model(family):
     model, inputs = _model(family, tied=True)
     assert model.lm_head.weight is model.get_input_embeddings().weight
-    patched, _ = slimfit.patch(copy.deepcopy(model), CHUNKED)
+    patched = slimfit.patch(copy.deepcopy(model), CHUNKED)
     for m in (model, patched):
         m.eval()
         for n, p in m.named_parameters():
@@ -97,7 +97,7 @@ def test_tied_head_and_half_frozen_model(family):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_original_forward_without_labels_or_without_grad(family):
     model, inputs = _model(family)
-    patched, _ = slimfit.patch(copy.deepcopy(model), CHUNKED)
+    patched = slimfit.patch(copy.deepcopy(model), CHUNKED)
     model.eval(), patched.eval()
     no_labels = {k: v for k, v in inputs.items() if k != "labels"}
     assert torch.equal(patched(**no_labels).logits, model(**no_labels).logits)
@@ -149,7 +149,7 @@ def test_unpatch_restores_the_class_forward_and_state_dict():
     slimfit.unpatch(model)
     assert "forward" not in vars(model) and not hasattr(model, CAUSAL_LM_OPTIONS)
     assert model(**inputs).logits is not None
-    _, summary = slimfit.patch(model, SlimFitConfig.exact())  # off in exact(): the model's own head
+    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)  # off in exact(): the model's own head
     assert "forward" not in vars(model) and "causal-lm" not in str(summary)
 
 
@@ -161,7 +161,7 @@ def test_unknown_causal_lm_class_is_left_alone_and_said_so():
 
     model, _ = _model("llama")
     mine = MyLlamaForCausalLM(model.config)
-    _, summary = slimfit.patch(mine, CHUNKED)
+    _, summary = slimfit.patch(mine, CHUNKED, return_summary=True)
     assert "forward" not in vars(mine)
     assert any(cls == "MyLlamaForCausalLM" and "keeps its own head and loss" in why for _, cls, why in summary.skipped)
 

@@ -24,7 +24,7 @@ def _grads(model):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eval_outputs_are_bit_identical(family):
     model, inputs = build(family)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
     model.eval(), patched.eval()
     with torch.no_grad():
         assert torch.equal(_output(model, inputs), _output(patched, inputs))
@@ -33,7 +33,7 @@ def test_eval_outputs_are_bit_identical(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_exact_preset_gives_identical_gradients(family):
     model, inputs = build(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact())
+    patched, summary = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact(), return_summary=True)
     assert any(kind == "linear" for _, kind, _ in summary.patched)
     # eval mode: no dropout, so both runs are deterministic; gradients still flow
     model.eval(), patched.eval()
@@ -53,7 +53,7 @@ def test_exact_preset_gives_identical_gradients(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_paper_preset_gradients_close(family):
     model, inputs = build(family)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attn_probs="int8"))
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attn_probs="int8"))
     model.eval(), patched.eval()
     model(**inputs).loss.backward()
     patched(**inputs).loss.backward()
@@ -89,20 +89,21 @@ def test_state_dict_unpatch_and_save_pretrained(family, tmp_path):
 
 def test_patch_twice_is_idempotent_or_clear_error():
     model, _ = build("bert")
-    _, s1 = slimfit.patch(model, SlimFitConfig.paper())
-    _, s2 = slimfit.patch(model, SlimFitConfig.paper())
-    assert s1 is s2
+    _, s1 = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    _, s2 = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    assert s1.patched == s2.patched and s1.skipped == s2.skipped  # re-patched: the same, complete
+    assert model.slimfit_summary is s2
     with pytest.raises(RuntimeError, match="unpatch"):
         slimfit.patch(model, SlimFitConfig.exact())
 
 
 def test_summary_names_what_was_left_alone():
     model, _ = build("llama")
-    _, summary = slimfit.patch(model, SlimFitConfig.paper())
+    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
     text = str(summary)
     assert "rmsnorm" in text and "swiglu" in text and "linear" in text
     assert summary.attention == "slimfit_sdpa"
-    _, summary = slimfit.patch(build("llama")[0], SlimFitConfig.exact())
+    _, summary = slimfit.patch(build("llama")[0], SlimFitConfig.exact(), return_summary=True)
     text = str(summary)
     assert "LlamaRMSNorm: layernorm saves in full" in text and "LlamaMLP: silu_bits=None" in text
 

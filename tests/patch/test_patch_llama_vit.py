@@ -38,7 +38,7 @@ ACTIVATIONS_ONLY = SlimFitConfig(silu_bits=4, layernorm="int8", layernorm_frozen
 @pytest.mark.parametrize("family", LLAMAS)
 def test_training_forward_bit_exact_and_summary(family):
     model, inputs = build(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), ACTIVATIONS_ONLY)
+    patched, summary = slimfit.patch(copy.deepcopy(model), ACTIVATIONS_ONLY, return_summary=True)
     counts = summary.counts()
     assert counts["swiglu[gate and up 4-bit]"] == 2
     assert counts["rmsnorm[int8/topk when frozen]"] == 5  # 2 per layer + the final norm
@@ -56,7 +56,7 @@ def test_training_forward_bit_exact_and_summary(family):
 @pytest.mark.parametrize("family", LLAMAS)
 def test_exact_leaves_swiglu_and_rmsnorm_alone(family):
     model, _ = build(family)
-    _, summary = slimfit.patch(model, SlimFitConfig.exact())
+    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)
     reasons = {(cls, reason) for _, cls, reason in summary.skipped}
     mlp = f"{'Qwen2' if family == 'qwen2' else family.capitalize()}MLP"
     norm = mlp.replace("MLP", "RMSNorm")
@@ -72,7 +72,7 @@ def test_saved_bytes_per_module_are_byte_exact():
     model, inputs = build("llama")
     model.eval()  # deterministic
     plain = memory.measure(model, **inputs)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attention=False, qkv_bits=None,
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attention=False, qkv_bits=None,
                                                                                    attn_probs="full"))
     _freeze_all(patched)
     inputs_embeds = patched.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()
@@ -95,7 +95,7 @@ def test_paper_with_frozen_layers_saves_several_times_less():
     model, inputs = build("llama")
     model.eval()
     plain = memory.measure(model, **inputs)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
     for n, p in patched.named_parameters():  # freeze all but the last layer's weights
         if "layers.1." not in n:
             p.requires_grad_(False)
@@ -107,7 +107,7 @@ def test_non_silu_mlp_is_left_alone_and_said_so():
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=64, hidden_act="gelu")
     model = transformers.LlamaForCausalLM(cfg)
-    _, summary = slimfit.patch(model, SlimFitConfig.paper())
+    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
     reasons = [reason for _, cls, reason in summary.skipped if cls == "LlamaMLP"]
     assert reasons and "act_fn is GELUActivation, not SiLU" in reasons[0]
     assert summary.counts().get("gelu[4-bit input (none)]") == 1  # its activation is patched on its own
@@ -117,13 +117,13 @@ def test_non_silu_mlp_is_left_alone_and_said_so():
 def test_generic_silu_module():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.SiLU(), torch.nn.Linear(64, 4))
     ref = copy.deepcopy(model)
-    _, summary = slimfit.patch(model, SlimFitConfig.paper())
+    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
     assert summary.counts()["silu[4-bit input]"] == 1
     x = torch.randn(8, 16)
     assert torch.equal(model(x), ref(x))
     model[0].weight.requires_grad_(False)
     assert memory.measure(model, x).per_module["1"] == q_bytes(8 * 64, 4)
-    _, summary = slimfit.patch(torch.nn.Sequential(torch.nn.SiLU()), SlimFitConfig.exact())
+    _, summary = slimfit.patch(torch.nn.Sequential(torch.nn.SiLU()), SlimFitConfig.exact(), return_summary=True)
     assert summary.skipped == [("0", "SiLU", "silu_bits=None")]
 
 
@@ -136,7 +136,7 @@ def test_unknown_rmsnorm_variant_is_reported():
         def forward(self, x):
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + self.weight)
 
-    _, summary = slimfit.patch(torch.nn.Sequential(GemmaLikeRMSNorm()), SlimFitConfig.paper())
+    _, summary = slimfit.patch(torch.nn.Sequential(GemmaLikeRMSNorm()), SlimFitConfig.paper(), return_summary=True)
     assert summary.skipped[0][1] == "GemmaLikeRMSNorm" and "does not know" in summary.skipped[0][2]
 
 
@@ -144,7 +144,7 @@ def test_unknown_rmsnorm_variant_is_reported():
 @pytest.mark.parametrize("family", ["vit", "dinov2"])
 def test_frozen_patch_embedding_saves_nothing_and_exact_gradients(family):
     model, inputs = build(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact())
+    patched, summary = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact(), return_summary=True)
     assert summary.counts()["conv[frozen fast path (trainable: as PyTorch)]"] == 1
     model.eval(), patched.eval()
     for m in (model, patched):
@@ -167,7 +167,7 @@ def test_frozen_patch_embedding_saves_nothing_and_exact_gradients(family):
 
 def test_trainable_conv_is_pytorch_and_unpatch_restores():
     model, inputs = build("vit")
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
     conv = "vit.embeddings.patch_embeddings.projection"
     model.eval(), patched.eval()
     assert memory.measure(patched, **inputs).per_module[conv] == memory.measure(model, **inputs).per_module[conv]
@@ -179,7 +179,7 @@ def test_llama_activation_checkpointing():
     """Non-reentrant activation checkpointing recomputes the compressed Functions: same gradients.
     (bf16 autocast: test_patch_training.test_autocast_bf16_training_step.)"""
     model, inputs = build("llama")
-    patched, _ = slimfit.patch(model, ACTIVATIONS_ONLY)
+    patched = slimfit.patch(model, ACTIVATIONS_ONLY)
     twin = copy.deepcopy(patched)
     twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     patched.train(), twin.train()

@@ -70,7 +70,7 @@ def test_preset_and_recipe():
 ])
 def test_family_targets_never_qkv(family, expected):
     model, _ = build(family)
-    _, summary = slimfit.patch(model, SAMPLED)
+    _, summary = slimfit.patch(model, SAMPLED, return_summary=True)
     names = _sampled_names(summary)
     assert len(names) == 2 * len(expected)  # two layers
     assert {n.split(".", 3 if family in ("bert", "distilbert") else 2)[-1].split(".", 1)[-1] for n in names} == expected
@@ -79,10 +79,10 @@ def test_family_targets_never_qkv(family, expected):
 
 def test_generic_model_needs_all_targets():
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-    _, summary = slimfit.patch(copy.deepcopy(net), SAMPLED)
+    _, summary = slimfit.patch(copy.deepcopy(net), SAMPLED, return_summary=True)
     assert not _sampled_names(summary)
     assert any(name == "<sampling>" and "sample_targets='all'" in why for name, _, why in summary.skipped)
-    _, summary = slimfit.patch(net, SAMPLED.replace(sample_targets="all"))
+    _, summary = slimfit.patch(net, SAMPLED.replace(sample_targets="all"), return_summary=True)
     assert _sampled_names(summary) == ["0", "2"]
 
 
@@ -244,8 +244,8 @@ def test_deep_copy_of_a_patched_model_feeds_its_own_layers():
     assert all(c.num_seen() == BATCH for c in norm_caches(twin).values())
     assert all(c.num_seen() == 0 for c in norm_caches(model).values())
     slimfit.unpatch(twin)
-    # the sample-ids hook and the once-per-forward generator advance (side seeds: autograd/seeds.py)
-    assert not twin._forward_pre_hooks and len(model._forward_pre_hooks) == 2
+    # the original keeps its root hooks (sample ids, generator advance, added-module check)
+    assert not twin._forward_pre_hooks and len(model._forward_pre_hooks) == 3
 
 
 def test_scheduler_composes():
@@ -268,7 +268,7 @@ def test_lora_samples_lora_a_of_targets_only():
     model, inputs = build("bert")
     cfg = peft.LoraConfig(r=4, target_modules=["query", "dense"], lora_dropout=0.0)
     lora = peft.get_peft_model(model, cfg)
-    _, summary = slimfit.patch(lora, SAMPLED)
+    _, summary = slimfit.patch(lora, SAMPLED, return_summary=True)
     names = _sampled_names(summary)
     assert names and all(n.endswith((".lora_A.default", ".base_layer")) for n in names)
     assert not any(".query." in n for n in names)  # Q is never a target

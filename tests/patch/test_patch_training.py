@@ -36,7 +36,7 @@ def _train(model, inputs, steps=20, scheduler_rate=None, lr=3e-3):
 @pytest.mark.parametrize("family", ["bert", "vit", "gpt2", "llama"])
 def test_twenty_steps_lower_the_loss_like_plain(family):
     model, inputs = build(family)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
     plain = _train(model, inputs)
     slim = _train(patched, inputs)
     drop_plain = plain[0] - min(plain[-5:])
@@ -57,7 +57,7 @@ def test_memory_report_shows_savings_per_module():
     model, inputs = build("bert")
     model.eval()  # deterministic, but gradients still flow
     plain = memory.measure(model, **inputs)
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper())
     for n, p in patched.named_parameters():
         if p.dim() == 2 and "classifier" not in n:
             p.requires_grad_(False)
@@ -73,7 +73,7 @@ def test_lora_exact_gradients_and_aggressive_memory():
     cfg = peft.LoraConfig(r=4, target_modules=["query", "value"], lora_dropout=0.0)
     plain = peft.get_peft_model(model, cfg)
     lora = copy.deepcopy(plain)  # same adapter initialisation
-    _, summary = slimfit.patch(lora, SlimFitConfig.exact())
+    _, summary = slimfit.patch(lora, SlimFitConfig.exact(), return_summary=True)
     assert any(name.endswith("base_layer") for name, kind, _ in summary.patched if kind == "linear")
     plain.eval(), lora.eval()
     # PyTorch itself saves no input for a frozen linear, so exact() saves the same bytes here...
@@ -95,7 +95,7 @@ def test_lora_exact_gradients_and_aggressive_memory():
 
 def test_gradient_checkpointing_non_reentrant():
     model, inputs = build("bert")
-    patched, _ = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact())
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact())
     patched.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval(), patched.eval()
     model(**inputs).loss.backward()
@@ -121,7 +121,7 @@ def test_generic_fallback_on_custom_module():
                                 torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
     x = torch.randn(8, 16)
     ref = copy.deepcopy(model).eval()
-    _, summary = slimfit.patch(model, SlimFitConfig.paper())
+    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
     assert summary.family == "generic"
     kinds = {kind for _, kind, _ in summary.patched}
     assert {"linear", "gelu", "dropout", "layernorm"} <= kinds
