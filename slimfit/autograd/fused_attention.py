@@ -291,7 +291,8 @@ def fused_attention(
     expanded). attn_mask: bool (True = attend) or additive float, broadcastable to
     (B, Hq, Sq, Sk); is_causal: top-left aligned, as SDPA. qkv_bits: 8/4/2 or None (keep).
     backward: 'recompute' (rerun the fused forward on the dequantized Q/K/V in backward;
-    keeps nothing else) or 'saved' (keep O and the exact logsumexp).
+    keeps nothing else) or 'saved' (keep O and the exact logsumexp). check_finite: raise on
+    NaN/Inf in Q/K/V when saving them (one host sync per tensor; off by default).
 
     Raises ValueError when no fused kernel takes these inputs (see `fused_kernel`; e.g.
     attention dropout on the CPU): use slimfit.autograd.attention there.

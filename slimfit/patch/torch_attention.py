@@ -57,13 +57,14 @@ def route(opts: dict, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     if path == "fused":
         return sf.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
                                   dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"],
-                                  group_size=opts["group_size"])
+                                  group_size=opts["group_size"], check_finite=opts.get("check_finite", False))
     if hq != hk:
         key, value = key.repeat_interleave(hq // hk, 1), value.repeat_interleave(hq // hk, 1)
     return sf.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
                         dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"], probs=opts["probs"],
                         keep_ratio=opts["keep_ratio"], group_size=opts["group_size"],
-                        dropout_mode="on_v" if opts["dropout_on_v"] else "seed")
+                        dropout_mode="on_v" if opts["dropout_on_v"] else "seed",
+                        check_finite=opts.get("check_finite", False))
 
 
 _local = threading.local()  # the options of the MHA call running on this thread, if any
@@ -139,7 +140,7 @@ def install(model: nn.Module, config, summary) -> bool:
         return True
     opts = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
             "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
-            "path": config.attention_path}
+            "path": config.attention_path, "check_finite": config.check_finite}
     setattr(model, ROUTER, _Router(model, opts))
     mode = f"qkv {config.qkv_bits or 'full'}, path {config.attention_path}"
     mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
