@@ -59,6 +59,9 @@ def test_answer_scores_do_not_depend_on_batching():
     alone = torch.cat([answer_scores(model, enc, [e]) for e in examples])
     assert together.shape == (4, len(ANSWERS))
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    general = answer_scores(model, enc, examples, single_pass=False)  # prompt + answer, one forward per answer
+    torch.testing.assert_close(together, general, rtol=1e-5, atol=1e-5)
+    assert all(len(a) == 1 for a in enc.answers)  # so `together` took the single pass
 
 
 def test_plain_and_slimfit_runs_train_and_report():

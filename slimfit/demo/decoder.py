@@ -32,7 +32,7 @@ ANSWERS = (" negative", " positive")  # label 0 = rotten, 1 = fresh
 PROMPT = ("Review: {review}\n", "Is this movie review positive or negative?\nAnswer:")
 # Small enough for two runs on a laptop CPU in a few minutes; flags left at the encoder demo's defaults
 # take these instead (the header line prints what ran).
-DEFAULTS = dict(steps=30, batch_size=4, lr=5e-5, max_length=64, n_train=2000, n_test=200)
+DEFAULTS = dict(steps=24, batch_size=4, lr=5e-5, max_length=64, n_train=2000, n_test=120)
 
 
 def smollm2_dir() -> str:
@@ -116,9 +116,17 @@ class PromptEncoder:
 
 
 @torch.no_grad()
-def answer_scores(model, enc: PromptEncoder, examples, device="cpu") -> torch.Tensor:
-    """(n, 2) summed log-likelihood of each answer after each review's prompt."""
+def answer_scores(model, enc: PromptEncoder, examples, device="cpu", single_pass: bool | None = None) -> torch.Tensor:
+    """(n, 2) summed log-likelihood of each answer after each review's prompt. When every answer is one
+    token (SmolLM2: ' positive', ' negative'), one forward over the prompts gives them all (single_pass)."""
     prompts = [enc.prompt(t) for t, _ in examples]
+    if single_pass is None:
+        single_pass = all(len(a) == 1 for a in enc.answers)
+    if single_pass:
+        logits = model(**enc.pad_batch(prompts, device=device)).logits
+        last = torch.tensor([len(p) - 1 for p in prompts], device=logits.device)
+        logp = logits[torch.arange(len(prompts), device=logits.device), last].float().log_softmax(-1).cpu()
+        return logp[:, [a[0] for a in enc.answers]]
     scores = torch.zeros(len(examples), len(enc.answers))
     for j, answer in enumerate(enc.answers):
         batch = enc.pad_batch([p + answer for p in prompts], device=device)
