@@ -13,6 +13,7 @@ _GROUP_SIZES = (32, 64, 128, 256)
 _SAMPLING = (None, "wta_crs", "crs")
 _SAMPLE_TARGETS = ("paper", "all")
 _SAMPLE_NORMS = ("token", "sample")
+CONFIG_NAME = "slimfit_config.json"
 _SAMPLE_DEFAULTS = {"sample_ratio": 0.3, "sample_min_rows": 10, "sample_targets": "paper", "sample_norms": "token"}
 
 
@@ -138,6 +139,51 @@ class SlimFitConfig:
 
     def replace(self, **changes) -> "SlimFitConfig":
         return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ checkpoints
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "SlimFitConfig":
+        """A config from `to_dict()`'s output; keys it does not know are refused, by name."""
+        if not isinstance(values, dict):
+            raise TypeError(f"SlimFitConfig.from_dict expects a dict, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"SlimFitConfig: unknown field(s) {unknown} (written by another slimfit version?); "
+                             f"known fields: {sorted(known)}")
+        return cls(**values)
+
+    def save_pretrained(self, save_directory) -> str:
+        """Write the config as JSON to `save_directory`/slimfit_config.json (beside a model's
+        save_pretrained files); returns the file's path."""
+        import json
+        import os
+
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, CONFIG_NAME)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path) -> "SlimFitConfig":
+        """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file)."""
+        import json
+        import os
+
+        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"SlimFitConfig.from_pretrained: no {CONFIG_NAME} at {path!r}")
+        with open(file) as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"SlimFitConfig.from_pretrained: {file} is not valid JSON ({exc})") from None
+        return cls.from_dict(values)
 
     # ------------------------------------------------------------------ presets
     @classmethod
