@@ -7,7 +7,7 @@
     python bench/attention_memory.py --quick            # seq 128, one timed run: a smoke check, writes nothing
 
 Model (issue 14): `LlamaForCausalLM(LlamaConfig(hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000,
-intermediate 688))`, randomly initialised (saved bytes do not depend on the weights' values), fp32, train
+intermediate 512, as `slimfit memory llama-small`))`, randomly initialised (saved bytes do not depend on the weights' values), fp32, train
 mode, `attn_implementation="sdpa"` (the transformers default), batch 1 (--batch), labels = input ids.
 
 Rows (one model object; the frozen set of `ILSScheduler(model, 0.9, seed=0)` at its first step, i.e. 90%
@@ -47,7 +47,7 @@ from slimfit import memory_cli as mc  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
 
 MiB = 2 ** 20
-CONFIG = dict(vocab_size=8000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+CONFIG = dict(vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=2, rms_norm_eps=1e-5)
 
 # name -> (preset config or None, frozen set applied)
@@ -143,6 +143,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (0: bytes only)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cpu-timer", choices=("wall", "process"), default="wall",
+                    help="process: CPU time of the process (robust to a busy machine; use with --threads 1)")
     ap.add_argument("--quick", action="store_true", help="seq 128, one timed run; writes nothing")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_memory_cpu"))
     args = ap.parse_args(argv)
@@ -151,7 +153,8 @@ def main(argv=None) -> None:
     seqs = [128] if args.quick else [int(s) for s in args.seqs.split(",")]
     settings = (_timing.Settings.quick() if args.quick else
                 _timing.Settings(cpu_warmup=0, cpu_min_reps=max(1, args.repeats), cpu_min_time_s=0.0,
-                                 cpu_max_reps=max(1, args.repeats), cpu_slow_min_reps=max(1, args.repeats)))
+                                 cpu_max_reps=max(1, args.repeats), cpu_slow_min_reps=max(1, args.repeats),
+                                 cpu_clock=args.cpu_timer))
     warnings.filterwarnings("ignore", message=".*was not patched.*")
     rows = []
     for seq in seqs:
@@ -168,11 +171,13 @@ def main(argv=None) -> None:
     header = [
         "# Attention paths on a Llama-style decoder, CPU",
         "",
-        f"`python bench/attention_memory.py --seqs {args.seqs} --batch {args.batch} --repeats {args.repeats}`; "
+        f"`python bench/attention_memory.py --seqs {args.seqs} --batch {args.batch} --repeats {args.repeats} "
+        f"--threads {torch.get_num_threads()} --cpu-timer {args.cpu_timer}`; "
         f"{_timing.now()}, {_timing.cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"step time as {'CPU time of the process' if args.cpu_timer == 'process' else 'wall time'}, "
         f"load average {_timing.load_average()}.",
         "",
-        "Model: LlamaForCausalLM, hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000, intermediate 688, fp32, "
+        "Model: LlamaForCausalLM, hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000, intermediate 512, fp32, "
         "sdpa, random init. Frozen set: ILSScheduler(model, 0.9, seed=0) at its first step. Bytes: saved for "
         "backward in one forward + backward (slimfit.memory.measure). \"attention\": bytes of the `self_attn` "
         "modules themselves (attention op + RoPE; projections not included). Step: forward + backward, median.",
