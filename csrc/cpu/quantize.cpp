@@ -3,7 +3,8 @@
 // Bit-exact with slimfit/kernels/reference.py (the specification): per group of
 // `group_size` consecutive elements of the flattened input, in fp32,
 //   mn, mx = min, max (NaN-propagating)      scale = (mx - mn) / (2**bits - 1)
-//   q = (x - mn) / (scale > 0 ? scale : 1)   code = clamp(floor(q + u), 0, 2**bits - 1)
+//   inv = 1 / (scale >= 2**-126 ? scale : 1) (one IEEE reciprocal per group)
+//   q = (x - mn) * inv                       code = clamp(floor(q + u), 0, 2**bits - 1)
 // with u = 0.5 (nearest) or the counter-based uniform of the element's flat index
 // (stochastic). setup.py compiles with -ffp-contract=off, so no step is fused.
 //
@@ -146,7 +147,8 @@ void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys
       float mn, mx;
       group_min_max(buf, len8, mn, mx);
       const float s = (mx - mn) / levels;
-      const float div = s > 0.0f ? s : 1.0f;
+      // Below the smallest normal fp32 the reciprocal would overflow: a constant group.
+      const float inv = 1.0f / (s >= std::numeric_limits<float>::min() ? s : 1.0f);
       scale[g] = s;
       offset[g] = mn;
 
@@ -160,12 +162,12 @@ void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys
         for (int64_t j = 0; j < len; ++j)
           noise[j] = rng::word_to_uniform(rng::word_hk(lo0 + static_cast<uint32_t>(j), k0, hk1));
         for (int64_t j = 0; j < len; ++j) {
-          const float q = (buf[j] - mn) / div;
+          const float q = (buf[j] - mn) * inv;
           cbuf[j] = code_of(q + noise[j], levels);
         }
       } else {
         for (int64_t j = 0; j < len; ++j) {
-          const float q = (buf[j] - mn) / div;
+          const float q = (buf[j] - mn) * inv;
           cbuf[j] = code_of(q + 0.5f, levels);
         }
       }

@@ -254,10 +254,13 @@ at::Tensor topk_restore_cpu(const at::Tensor& values_in, const at::Tensor& indic
   std::vector<int64_t> out_shape(values_in.sizes().begin(), values_in.sizes().end());
   const int64_t k = out_shape.back();
   out_shape.back() = row_length;
+  // k >= 1 entries per row cannot sit in rows of length 0 (the reference's scatter raises too);
+  // checked before the early return below, which would otherwise hand back an empty tensor.
+  TORCH_CHECK(row_length > 0 || values_in.numel() == 0, "slimfit::topk_restore: row_length is 0 but each row has ",
+              k, " kept entries; pass the pruned tensor's row length (PrunedTensor.row_length)");
   at::Tensor out = at::empty(out_shape, values_in.options());
   if (out.numel() == 0) return out;
   if (values_in.numel() == 0) return out.zero_();
-  TORCH_CHECK(row_length > 0, "slimfit::topk_restore: indices point into rows of length 0");
   const at::Tensor values = values_in.contiguous();
   const at::Tensor indices = indices_in.contiguous();
   const int64_t rows = values.numel() / k;

@@ -3,10 +3,12 @@
 // Bit-exact with slimfit/kernels/reference.py (the specification). Per group of
 // `group_size` consecutive elements of the flattened input, in fp32:
 //   mn, mx = min, max (NaN-propagating)      scale = (mx - mn) / (2**bits - 1)
-//   q = (x - mn) / (scale > 0 ? scale : 1)   code = clamp(floor(q + u), 0, 2**bits - 1)
+//   inv = 1 / (scale >= 2**-126 ? scale : 1) (one IEEE reciprocal per group, __frcp_rn)
+//   q = (x - mn) * inv                       code = clamp(floor(q + u), 0, 2**bits - 1)
 // with u = 0.5 (nearest) or the counter-based uniform of the element's flat index
-// (stochastic, rng_cuda.cuh). Every step uses an explicitly rounded intrinsic
-// (__fsub_rn, __fdiv_rn, __fadd_rn, __fmul_rn) so nothing is contracted into an FMA
+// (stochastic, rng_cuda.cuh; a template parameter, so the nearest kernel holds no hash).
+// Every step uses an explicitly rounded intrinsic
+// (__fsub_rn, __fdiv_rn, __frcp_rn, __fadd_rn, __fmul_rn) so nothing is contracted into an FMA
 // or replaced by an approximate division; setup.py also passes --fmad=false.
 // dequantize: x = code * scale + offset in fp32 (two roundings), cast to the dtype.
 //
@@ -50,9 +52,15 @@ void launch_quantize(const at::Tensor& x, int64_t n, int64_t ngroups, at::Tensor
   const int64_t threads = ngroups * Shape::T;
   const int64_t blocks = (threads + kBlock - 1) / kBlock;
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "slimfit::quantize: input too large (", n, " elements)");
-  quantize_kernel<Kind, Group, Bits><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
-      xp, n, ngroups, codes.data_ptr<uint8_t>(), scale.data_ptr<float>(), offset.data_ptr<float>(), stochastic, keys,
-      vec_ok);
+  uint8_t* cp = codes.data_ptr<uint8_t>();
+  float* sp = scale.data_ptr<float>();
+  float* op = offset.data_ptr<float>();
+  if (stochastic)
+    quantize_kernel<Kind, Group, Bits, true><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+        xp, n, ngroups, cp, sp, op, keys, vec_ok);
+  else
+    quantize_kernel<Kind, Group, Bits, false><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+        xp, n, ngroups, cp, sp, op, keys, vec_ok);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

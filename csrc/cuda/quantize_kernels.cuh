@@ -18,6 +18,16 @@ namespace slimfit {
 namespace cuda_impl {
 
 constexpr int kBlock = 256;  // threads per block of every kernel here
+// Full occupancy on sm_80/sm_90 (2048 threads per SM) asks for <= 32 registers per thread.
+constexpr int kMinBlocksPerSM = 2048 / kBlock;
+
+// bench/kernels_static.py compiles the kernels a second time with this defined, to count the
+// instructions of the steady state (every vector full and aligned); never defined in a build.
+#ifdef SLIMFIT_STATIC_COUNT_FULL_VECTORS
+#define SLIMFIT_FULL_VECTORS(cond) true
+#else
+#define SLIMFIT_FULL_VECTORS(cond) (cond)
+#endif
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // ------------------------------------------------------------------ element formats
@@ -114,18 +124,21 @@ template <int Kind, int Group>
 struct QuantShape {
   using S = typename Fmt<Kind>::S;
   static constexpr int kVecElems = 16 / static_cast<int>(sizeof(S));  // one 16-byte load
-  static constexpr int V = (Group / 32 > kVecElems) ? Group / 32 : kVecElems;  // elements per thread
+  // 8 elements per thread (two 16-byte loads of fp32, one of fp16/bf16): the per-thread work
+  // (index math, shuffles, scale and reciprocal) is shared by 8 elements, 8 codes fill whole
+  // bytes at every bit width, and the registers stay within full occupancy.
+  static constexpr int V = 8;  // elements per thread
   static constexpr int T = Group / V;                                          // threads per group
   static constexpr int kLoads = V / kVecElems;                                 // 16-byte loads per thread
   static_assert(T >= 1 && T <= 32 && (32 % T) == 0, "a group must sit inside one warp");
   static_assert(V % kVecElems == 0, "whole 16-byte loads");
 };
 
-template <int Kind, int Group, int Bits>
-__global__ void __launch_bounds__(kBlock)
+template <int Kind, int Group, int Bits, bool Stochastic>
+__global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
     quantize_kernel(const typename Fmt<Kind>::S* __restrict__ x, int64_t n, int64_t ngroups,
                     uint8_t* __restrict__ codes, float* __restrict__ scale_out, float* __restrict__ offset_out,
-                    bool stochastic, cuda_rng::Keys keys, bool vec_ok) {
+                    cuda_rng::Keys keys, bool vec_ok) {
   using F = Fmt<Kind>;
   using S = typename F::S;
   using Shape = QuantShape<Kind, Group>;
@@ -141,10 +154,10 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t e0 = g * Group + static_cast<int64_t>(lane) * V;  // first element of this thread
   // Threads past the last group stay alive until the shuffles are done (full-warp masks).
   const int64_t left = (g < ngroups) ? n - e0 : 0;
-  const int valid = left <= 0 ? 0 : (left >= V ? V : static_cast<int>(left));
+  const int valid = SLIMFIT_FULL_VECTORS(false) ? V : left <= 0 ? 0 : (left >= V ? V : static_cast<int>(left));
 
   float v[V];
-  if (valid == V && vec_ok) {
+  if (valid == V && SLIMFIT_FULL_VECTORS(vec_ok)) {
     alignas(16) S raw[V];
     const uint4* src = reinterpret_cast<const uint4*>(x + e0);
 #pragma unroll
@@ -177,7 +190,15 @@ __global__ void __launch_bounds__(kBlock)
   if (valid == 0) return;  // past the end: nothing to write (no shuffle follows)
 
   const float scale = __fdiv_rn(__fsub_rn(mx, mn), static_cast<float>(kLevels));
-  const float divisor = scale > 0.0f ? scale : 1.0f;  // NaN > 0 is false, as in torch.where
+  // One reciprocal per group (NaN >= x is false, as in torch.where); below the smallest
+  // normal fp32 it would overflow: a constant group.
+  const float inv = __frcp_rn(scale >= 1.17549435082228750797e-38f ? scale : 1.0f);
+  // A thread's V elements lie in one group, which never straddles a multiple of 2**32: the
+  // high half of the index is folded into the seed key once (the hash then runs on 32 bits).
+  const uint32_t lo0 = static_cast<uint32_t>(static_cast<uint64_t>(e0));
+  const uint32_t hk1 = static_cast<uint32_t>(static_cast<uint64_t>(e0) >> 32) ^ keys.k1;
+  (void)lo0;
+  (void)hk1;
   if (lane == 0) {
     scale_out[g] = scale;
     offset_out[g] = mn;
@@ -186,8 +207,9 @@ __global__ void __launch_bounds__(kBlock)
   uint64_t packed = 0;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float q = __fdiv_rn(__fsub_rn(v[j], mn), divisor);
-    const float u = stochastic ? cuda_rng::uniform(static_cast<uint64_t>(e0 + j), keys) : 0.5f;
+    const float q = __fmul_rn(__fsub_rn(v[j], mn), inv);
+    float u = 0.5f;
+    if constexpr (Stochastic) u = cuda_rng::word_to_uniform(rng::word_hk(lo0 + j, keys.k0, hk1));
     float c = floorf(__fadd_rn(q, u));
     // clamp(0, levels); a NaN (non-finite group only) becomes 0 instead of undefined.
     c = fminf(fmaxf(c, 0.0f), static_cast<float>(kLevels));
@@ -208,7 +230,7 @@ __global__ void __launch_bounds__(kBlock)
 // A thread writes V = 16 / sizeof(out) consecutive elements (one 16-byte store); V
 // divides every group size, so they share one group's scale and offset.
 template <int Kind, int Bits>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
     dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scale,
                       const float* __restrict__ offset, typename Fmt<Kind>::S* __restrict__ out, int64_t n,
                       int group_shift, bool vec_ok) {
@@ -221,14 +243,14 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x) * V;
   if (e0 >= n) return;
   const int64_t left = n - e0;
-  const int valid = left >= V ? V : static_cast<int>(left);
+  const int valid = SLIMFIT_FULL_VECTORS(false) ? V : left >= V ? V : static_cast<int>(left);
   const int64_t g = e0 >> group_shift;
   const float s = __ldg(scale + g);
   const float o = __ldg(offset + g);
 
   const uint8_t* src = codes + e0 * Bits / 8;
   uint64_t packed = 0;
-  if (valid == V && vec_ok) {
+  if (valid == V && SLIMFIT_FULL_VECTORS(vec_ok)) {
     packed = load_bytes<kBytes>(src);
   } else {
     const int nbytes = (valid * Bits + 7) / 8;
@@ -242,7 +264,7 @@ __global__ void __launch_bounds__(kBlock)
     res[j] = F::from_float(__fadd_rn(__fmul_rn(static_cast<float>(code), s), o));
   }
   S* dst = out + e0;
-  if (valid == V && vec_ok) {
+  if (valid == V && SLIMFIT_FULL_VECTORS(vec_ok)) {
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(res);
   } else {
 #pragma unroll

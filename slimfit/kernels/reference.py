@@ -6,9 +6,14 @@ Formats
 quantize: the tensor is flattened (row-major) and cut into groups of `group_size`
 consecutive elements; the last group may be short. Per group, in fp32:
     mn = min, mx = max, scale = (mx - mn) / (2**bits - 1)
-    q = (x - mn) / (scale if scale > 0 else 1)
+    inv = 1 / (scale if scale >= 2**-126 else 1)          # one IEEE reciprocal per group
+    q = (x - mn) * inv                                    # a multiply per element, no division
     code = clamp(floor(q + 0.5), 0, 2**bits - 1)          # nearest
     code = clamp(floor(q + u), 0, 2**bits - 1)            # stochastic, u = rng.uniform(seed, i)
+(every step rounded on its own: no fused multiply-add). A scale below the smallest normal fp32
+(2**-126: a group range under ~3e-36) is treated as a constant group (all codes 0, dequantized to
+mn, error <= that range): its reciprocal would overflow, and subnormal arithmetic differs between
+backends that flush it.
 Codes are packed little-endian inside each byte: element i sits in byte i // (8 // bits)
 at bit (i % (8 // bits)) * bits; unused high bits of the last byte are zero.
 scale and offset (= mn) are fp32, one per group. A group holding NaN/Inf yields a
@@ -32,6 +37,9 @@ import torch
 
 from . import rng
 from .validation import codes_per_byte, num_groups, topk_index_dtype
+
+
+_MIN_NORMAL = 2.0**-126  # smallest normal fp32: a smaller scale is a constant group
 
 
 def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -67,8 +75,9 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed
     mx = groups.amax(dim=1)
     levels = (1 << bits) - 1
     scale = (mx - mn) / levels
-    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = (groups - mn[:, None]) / divisor[:, None]
+    divisor = torch.where(scale >= _MIN_NORMAL, scale, torch.ones_like(scale))
+    inv = 1.0 / divisor
+    q = (groups - mn[:, None]) * inv[:, None]
     if stochastic:
         noise = rng.uniform(seed, ng * group_size, x.device).view(ng, group_size)
     else:

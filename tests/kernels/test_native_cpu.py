@@ -175,6 +175,37 @@ def test_topk_prune_and_restore(dtype, by_magnitude):
             _assert_same(ops.topk_restore(got[0], got[1], row), ref.topk_restore(*expected, row))
 
 
+def test_topk_restore_row_length_zero():
+    """k >= 1 kept entries cannot sit in rows of length 0: an error naming the problem (the native
+    kernel used to return an empty tensor), as the reference's scatter refuses it; no entries in
+    rows of length 0 is a valid empty result."""
+    v, i = torch.randn(3, 2), torch.zeros(3, 2, dtype=torch.int16)
+    with pytest.raises(RuntimeError, match="row_length is 0"):
+        ops.topk_restore(v, i, 0)
+    with pytest.raises(RuntimeError):
+        ref.topk_restore(v, i, 0)
+    e, ei = torch.randn(3, 0), torch.zeros(3, 0, dtype=torch.int16)
+    _assert_same(ops.topk_restore(e, ei, 0), ref.topk_restore(e, ei, 0))
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_quantize_tiny_range_groups_are_constant(bits):
+    """A scale below the smallest normal fp32 (2**-126) is a constant group in every backend: its
+    reciprocal would overflow and subnormal arithmetic differs between backends."""
+    x = torch.randn(4 * 64)
+    x[:64] = 1.0
+    x[1:64:3] = 1.0 + 2.0**-23          # range 2**-23: a normal scale
+    x[64:128] = 0.0
+    x[65:128:5] = 2.0**-149             # range of one subnormal: a constant group
+    x[128:192] = 1e-37
+    x[129:192:7] = 2e-37                # range 1e-37: a constant group at 8 bits, not at 2 bits
+    got, want = ops.quantize(x, bits, 64, False, 0), ref.quantize(x, bits, 64, False, 0)
+    _assert_same(got, want)
+    y = ref.dequantize(*want, bits, 64, (x.numel(),), torch.float32)
+    assert torch.equal(y[64:128], torch.zeros(64))  # constant group: every code 0, back to mn
+    assert (y[:192] - x[:192]).abs().max() <= 2.0**-23
+
+
 def test_topk_empty_rows():
     x = torch.randn(0, 10)
     _assert_same(ops.topk_prune(x, 3, True), ref.topk_prune(x, 3, True))

@@ -4,6 +4,7 @@ On CUDA the kernels run on the GPU; without CUDA they run on CPU tensors under
 TRITON_INTERPRET=1 (marked `triton_interpret`; small shapes, the module stays well under
 a minute and a half). bf16 is checked on CUDA only: the interpreter's bf16 is not faithful.
 """
+import importlib
 import inspect
 import os
 
@@ -113,6 +114,57 @@ def test_quantize_other_group_sizes_and_several_programs(group_size):
     _check_quant(x, 4, group_size, True)
 
 
+def _launch_quantize(x, bits, group_size, stochastic, seed, even, idx64):
+    """The quantize kernel with its EVEN / IDX64 variants forced (the launcher picks them by size)."""
+    qmod = importlib.import_module("slimfit.kernels.triton.quantize")
+    n = x.numel()
+    ng = -(-n // group_size)
+    nbytes = -(-n // (8 // bits))
+    codes = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(ng, dtype=torch.float32, device=x.device)
+    offset = torch.empty(ng, dtype=torch.float32, device=x.device)
+    cfg = qmod.launch_config(group_size, ng)
+    qmod._quantize_kernel[(-(-ng // cfg.groups),)](
+        x, codes, scale, offset, n, ng, nbytes, *_rng.seed_key_args(seed),
+        **cfg.constexprs(bits, group_size, stochastic, even=even, idx64=idx64),
+        num_warps=cfg.num_warps, enable_fp_fusion=False)
+    return codes, scale, offset
+
+
+@pytest.mark.parametrize("idx64", [False, True], ids=["int32", "int64"])
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+def test_quantize_even_and_int64_variants(stochastic, idx64):
+    """EVEN (no masks) and IDX64 (int64 program base) are chosen by tensor size; forced here on
+    small tensors, each must give the reference's bits."""
+    bits = 2 if stochastic else 8
+    for n, even in ((2 * 4096, True), (2 * 4096 + 77, False)):
+        x = _randn((n,), torch.float32, seed=n)
+        got = _launch_quantize(x, bits, 128, stochastic, 99, even, idx64)
+        _assert_same(got, reference.quantize(x, bits, 128, stochastic, 99))
+
+
+@triton.jit
+def _hoisted_uniform_kernel(base_ptr, out_ptr, k0, k1, BLOCK: tl.constexpr):
+    base = tl.load(base_ptr)
+    offs = tl.arange(0, BLOCK)
+    lo = (base + offs).to(tl.uint32)
+    hk1 = (base >> 32).to(tl.uint32) ^ k1.to(tl.uint32, bitcast=True)
+    tl.store(out_ptr + offs, _rng.uniform_hoisted(lo, hk1, k0))
+
+
+@pytest.mark.parametrize("base", [0, 2**31, 2**32 - 64, 2**32, 2**40 + 2**20], ids=str)
+def test_hoisted_uniform_matches_rng_beyond_2_32(base):
+    """Stochastic quantize folds hi32(index) into the key once per program (blocks are aligned
+    to a power of two, so they never straddle 2**32): same uniforms as rng.uniform."""
+    k0, k1 = _rng.seed_key_args(7)
+    out = torch.empty(64, dtype=torch.float32, device=DEVICE)
+    _hoisted_uniform_kernel[(1,)](torch.tensor([base], dtype=torch.int64, device=DEVICE), out, k0, k1, BLOCK=64)
+    idx = torch.arange(base, base + 64, dtype=torch.int64)
+    kk0, kk1 = rng.seed_keys(7)
+    want = (rng.lowbias32(rng.lowbias32((idx & rng.MASK32) ^ kk0) ^ (idx >> 32) ^ kk1) >> 8).to(torch.float32) * rng.INV_2_24
+    _assert_same(out.cpu(), want)
+
+
 @pytest.mark.parametrize("bits", [2, 8])
 def test_quantize_non_contiguous_and_constant_groups(bits):
     x = _randn((40, 9), torch.float32, seed=4).t()          # non-contiguous
@@ -215,6 +267,14 @@ def test_topk_signed_zeros_infinities_nan():
         wv, wi = reference.topk_prune(x, 3, by_magnitude)
         _assert_same(i, wi)
         _assert_same(v.view(torch.int32), wv.view(torch.int32))
+
+
+def test_topk_restore_row_length_zero_raises():
+    v = torch.randn(3, 2, device=DEVICE)
+    i = torch.zeros(3, 2, dtype=torch.int16, device=DEVICE)
+    with pytest.raises(ValueError, match="row_length is 0"):
+        K.topk_restore(v, i, 0)
+    _assert_same(K.topk_restore(v[:, :0], i[:, :0], 0), reference.topk_restore(v[:, :0], i[:, :0], 0))
 
 
 def test_topk_empty():

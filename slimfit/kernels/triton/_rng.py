@@ -56,3 +56,13 @@ def uniform(idx, k0, k1):
     """fp32 uniforms in [0, 1) on the 2**-24 grid, bit-identical to `rng.uniform`."""
     w = random_words(idx, k0, k1)
     return (w >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
+
+
+@triton.jit
+def uniform_hoisted(lo, hk1, k0):
+    """`uniform` with the index's high half folded into the key once per program:
+    lo = low 32 bits of the element index (uint32), hk1 = hi32(index) ^ k1 (a uint32 scalar).
+    Valid when a program's elements share hi32(index): blocks aligned to a power of two <= 2**32."""
+    k0u = k0.to(tl.uint32, bitcast=True)
+    w = lowbias32(lowbias32(lo ^ k0u) ^ hk1)
+    return (w >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact

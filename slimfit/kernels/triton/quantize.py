@@ -1,22 +1,31 @@
 """Per-group asymmetric min/max quantization (2/4/8-bit) and its inverse, in Triton.
 
-Both kernels see the flattened tensor as a 3-D block per program:
-    [GROUPS, GROUP_SIZE // PER, PER]      PER = 8 // bits codes per byte
-so element (g, b, j) of program `pid` is flat index
-    (pid * GROUPS + g) * GROUP_SIZE + b * PER + j
-and the PER codes of byte (g, b) are packed/unpacked with a reduction over the last
-axis (no reshape, no shuffles). One program handles GROUPS consecutive groups, about
-BLOCK_ELEMS elements, so a launch is cdiv(num_groups, GROUPS) programs.
+One program handles GROUPS consecutive groups (BLOCK = GROUPS * GROUP_SIZE, about BLOCK_ELEMS
+elements), seen as a [GROUPS, GROUP_SIZE] tile: element (g, j) of program `pid` is flat index
+    base + g * GROUP_SIZE + j,   base = pid * BLOCK
+and the PER = 8 // bits codes of a byte are packed/unpacked as a [BLOCK // PER, PER] tile
+(a reduction over the last axis). A launch is cdiv(num_groups, GROUPS) programs.
+
+Shaped for bandwidth (issue 16; bench/kernels_static.py reads the sm_90a SASS):
+  * offsets inside a program are int32; only the program's base is int64, and only when the
+    tensor has 2**31 elements or more (IDX64, chosen by the launcher);
+  * one IEEE reciprocal per group (`div_rn(1, divisor)`) and a multiply per element: the
+    formula of the reference, which is written the same way;
+  * EVEN (numel a multiple of BLOCK, chosen by the launcher) drops every mask: unmasked
+    16-byte loads and stores, no identity selects before the min/max;
+  * min/max propagate NaN in the reduction itself (`tl.minimum(..., propagate_nan=ALL)`, one
+    FMNMX.NAN per element on sm_80+) instead of a separate NaN count;
+  * stochastic rounding: the high half of the element index is folded into the seed key once
+    per program (blocks are aligned to BLOCK, a power of two, so they never straddle 2**32),
+    the hash then runs on the 32-bit low half only;
+  * clamp then truncate instead of floor then clamp (equal for every input, NaN -> 0).
 
 Bit-exactness with `reference.quantize` / `reference.dequantize`:
-  * all math in fp32, same operation order;
-  * IEEE division (`tl.math.div_rn`) for scale and q: Triton's `/` on fp32 is the
-    approximate division on NVIDIA GPUs;
-  * dequantize computes code * scale, then + offset, as two roundings: kernels are
-    launched with `enable_fp_fusion=False` so the backend never contracts them into an FMA;
+  * all math in fp32, same operation order; IEEE division (`tl.math.div_rn`) for the scale and
+    the reciprocal (Triton's `/` on fp32 is the approximate division on NVIDIA GPUs);
+  * every step rounded on its own: kernels are launched with `enable_fp_fusion=False`, so
+    (x - mn) * inv + 0.5 and code * scale + offset are never contracted into an FMA;
   * stochastic rounding uses the counter-based hash of `rng` at the flat element index.
-NaN contract: tl.min / tl.max need not propagate NaN, so a group holding NaN is detected
-explicitly and gets scale = offset = NaN (as in the reference); Inf propagates by itself.
 """
 
 import dataclasses
@@ -53,11 +62,18 @@ class LaunchConfig:
     def elements(self) -> int:
         return self.groups * self.group_size
 
-    def constexprs(self, bits: int, group_size: int, stochastic: bool) -> dict:
-        return {"BITS": bits, "GROUP_SIZE": group_size, "GROUPS": self.groups, "STOCHASTIC": bool(stochastic)}
+    def constexprs(self, bits: int, group_size: int, stochastic: bool, even: bool = True, idx64: bool = False) -> dict:
+        return {"BITS": bits, "GROUP_SIZE": group_size, "GROUPS": self.groups, "STOCHASTIC": bool(stochastic),
+                "EVEN": bool(even), "IDX64": bool(idx64)}
 
     def dequant_constexprs(self, bits: int, group_size: int) -> dict:
         return {"BITS": bits, "GROUP_SIZE": group_size, "GROUPS": self.groups}
+
+
+def extra_constexprs(n: int, block: int) -> dict:
+    """EVEN: every program full (no masks); IDX64: int64 program bases (a tensor of 2**31
+    elements or more; the last program's offsets must stay below 2**31 too)."""
+    return {"EVEN": n % block == 0, "IDX64": n + block >= 2**31}
 
 
 def launch_config(group_size: int, ng: int) -> LaunchConfig:
@@ -68,7 +84,8 @@ def kernel_signature(x_type: str, stochastic: bool = False) -> dict:
     """Triton signature of `_quantize_kernel` for an input of pointer type x_type ('*fp32', ...)."""
     return {"x_ptr": x_type, "codes_ptr": "*u8", "scale_ptr": "*fp32", "offset_ptr": "*fp32",
             "n_elements": "i32", "n_groups": "i32", "n_bytes": "i32", "k0": "i32", "k1": "i32",
-            "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr", "STOCHASTIC": "constexpr"}
+            "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr", "STOCHASTIC": "constexpr",
+            "EVEN": "constexpr", "IDX64": "constexpr"}
 
 
 def dequantize_signature(out_type: str) -> dict:
@@ -77,50 +94,81 @@ def dequantize_signature(out_type: str) -> dict:
             "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr"}
 
 
+@triton.jit
+def _nan_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 @triton.jit(do_not_specialize=["k0", "k1"])
 def _quantize_kernel(
     x_ptr, codes_ptr, scale_ptr, offset_ptr,
     n_elements, n_groups, n_bytes,
     k0, k1,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS: tl.constexpr, STOCHASTIC: tl.constexpr,
+    EVEN: tl.constexpr = False, IDX64: tl.constexpr = True,
 ):
     PER: tl.constexpr = 8 // BITS
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BLOCK: tl.constexpr = GROUPS * GROUP_SIZE
 
-    pid = tl.program_id(0).to(tl.int64)
-    group = pid * GROUPS + tl.arange(0, GROUPS)                                  # [G] int64
-    idx = group[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]       # [G, S] int64
-    valid = idx < n_elements
-
-    x = tl.load(x_ptr + idx, mask=valid, other=0.0).to(tl.float32)
-    mn = tl.min(tl.where(valid, x, float("inf")), axis=1)                       # [G]
-    mx = tl.max(tl.where(valid, x, float("-inf")), axis=1)
-    # NaN is not guaranteed to win a tl.min / tl.max: detect it and poison the group.
-    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-    mn = tl.where(has_nan, float("nan"), mn)
-    mx = tl.where(has_nan, float("nan"), mx)
+    pid = tl.program_id(0)
+    if IDX64:
+        pid = pid.to(tl.int64)
+    base = pid * BLOCK
+    offs = tl.arange(0, GROUPS)[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]   # [G, S] int32
+    if EVEN:
+        x = tl.load(x_ptr + base + offs).to(tl.float32)
+        mn = tl.reduce(x, 1, _nan_min)
+        mx = tl.reduce(x, 1, _nan_max)
+    else:
+        valid = offs < n_elements - base
+        x = tl.load(x_ptr + base + offs, mask=valid, other=0.0).to(tl.float32)
+        mn = tl.reduce(tl.where(valid, x, float("inf")), 1, _nan_min)                      # [G]
+        mx = tl.reduce(tl.where(valid, x, float("-inf")), 1, _nan_max)
 
     levels = tl.full((), LEVELS, tl.float32)
     scale = tl.math.div_rn(mx - mn, levels)
-    divisor = tl.where(scale > 0, scale, 1.0)
-    q = tl.math.div_rn(x - mn[:, None], divisor[:, None])
+    divisor = tl.where(scale >= 1.1754943508222875e-38, scale, 1.0)    # 2**-126; NaN -> 1
+    inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), divisor)
+    q = (x - mn[:, None]) * inv[:, None]
     if STOCHASTIC:
-        q = q + _rng.uniform(idx, k0, k1)
+        lo = (base + offs).to(tl.uint32)                                # low 32 bits of the index
+        hk1 = ((base >> 32).to(tl.uint32) if IDX64 else tl.full((), 0, tl.uint32)) ^ k1.to(tl.uint32, bitcast=True)
+        q = q + _rng.uniform_hoisted(lo, hk1, k0)
     else:
         q = q + 0.5
-    c = tl.minimum(tl.maximum(tl.floor(q), 0.0), levels)
-    c = tl.where(valid, c.to(tl.int32), 0)                     # unused high bits stay 0
+    # clamp(floor(t), 0, L) == trunc(clamp(t, 0, L)): truncation is floor for t >= 0 (NaN -> 0)
+    c = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
+    if not EVEN:
+        c = tl.where(valid, c, 0)                                       # unused high bits stay 0
 
-    # Pack PER consecutive codes per byte, little-endian (disjoint bits: sum == or).
-    c = tl.reshape(c, [BLOCK // PER, PER])
-    packed = tl.sum(c << (tl.arange(0, PER) * BITS)[None, :], axis=1)
-    byte = pid * (BLOCK // PER) + tl.arange(0, BLOCK // PER)
-    tl.store(codes_ptr + byte, packed.to(tl.uint8), mask=byte < n_bytes)
+    bytes_base = pid * (BLOCK // PER)
+    if PER == 1:
+        b_offs = offs
+        packed = c
+    else:
+        # PER consecutive codes per byte, little-endian (disjoint bits: sum == or).
+        c = tl.reshape(c, [BLOCK // PER, PER])
+        packed = tl.sum(c << (tl.arange(0, PER) * BITS)[None, :], axis=1)
+        b_offs = tl.arange(0, BLOCK // PER)
+    if EVEN:
+        tl.store(codes_ptr + bytes_base + b_offs, packed.to(tl.uint8))
+    else:
+        tl.store(codes_ptr + bytes_base + b_offs, packed.to(tl.uint8), mask=b_offs < n_bytes - bytes_base)
 
-    gmask = group < n_groups
-    tl.store(scale_ptr + group, scale, mask=gmask)
-    tl.store(offset_ptr + group, mn, mask=gmask)
+    group = pid * GROUPS + tl.arange(0, GROUPS)
+    if EVEN:
+        tl.store(scale_ptr + group, scale)
+        tl.store(offset_ptr + group, mn)
+    else:
+        gmask = group < n_groups
+        tl.store(scale_ptr + group, scale, mask=gmask)
+        tl.store(offset_ptr + group, mn, mask=gmask)
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed: int):
@@ -145,6 +193,7 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed
             n, ng, nbytes,
             k0, k1,
             BITS=bits, GROUP_SIZE=group_size, GROUPS=groups, STOCHASTIC=bool(stochastic),
+            **extra_constexprs(n, groups * group_size),
             num_warps=NUM_WARPS, enable_fp_fusion=False,
         )
     return codes, scale, offset

@@ -233,9 +233,12 @@ def topk_restore(values: torch.Tensor, indices: torch.Tensor, row_length: int):
     if indices.dtype not in (torch.int16, torch.int32, torch.int64):
         raise TypeError(f"slimfit.topk_restore: indices must be int16/int32/int64, got {indices.dtype}")
     row_length = int(row_length)
-    out = values.new_zeros(values.shape[:-1] + (row_length,))
     n = values.numel()
-    if n == 0 or row_length == 0:
+    if row_length == 0 and n:  # the reference's scatter raises too; never an empty tensor
+        raise ValueError(f"slimfit.topk_restore: row_length is 0 but each row has {values.shape[-1]} kept "
+                         "entries; pass the pruned tensor's row length (PrunedTensor.row_length)")
+    out = values.new_zeros(values.shape[:-1] + (row_length,))
+    if n == 0:
         return out
     k = values.shape[-1]
     values = values.contiguous()
