@@ -293,3 +293,26 @@ def test_no_grad_saves_nothing_and_matches():
         out = fused_attention(q, k, v, is_causal=True)
     assert torch.equal(out, sdpa(q, k, v, is_causal=True))
 
+
+
+# ------------------------------------------------------------------ CUDA helpers (the CUDA branch cannot run here)
+
+def test_efficient_bias_is_aligned_views_of_the_mask():
+    from slimfit.autograd.fused_attention import _additive_mask, _efficient_bias
+
+    q, k, _ = make_qkv(b=2, hq=4, hk=4, sq=37)
+    mask = _additive_mask(key_padding(2, 37, [37, 20], "bool").expand(2, 1, 37, 37).contiguous(), torch.float32)
+    bias = _efficient_bias(mask, q, k)
+    assert bias.shape == (2, 4, 37, 37)
+    assert all(bias.stride(i) % 8 == 0 for i in range(3)) and bias.stride(-1) == 1
+    assert torch.equal(bias, mask.expand(2, 4, 37, 37))
+
+
+def test_expand_and_reduce_kv_groups():
+    from slimfit.autograd.fused_attention import _expand_kv, _reduce_groups
+
+    k = torch.randn(2, 2, 5, 8)
+    e = _expand_kv(k, 6)
+    assert torch.equal(e, k.repeat_interleave(3, 1))  # query head j reads kv head j // 3
+    assert torch.allclose(_reduce_groups(e, 2), 3 * k)
+    assert _reduce_groups(k, 2) is k
