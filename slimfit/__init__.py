@@ -4,6 +4,7 @@ from .config import SlimFitConfig
 # The functions shadow the subpackage name slimfit.patch on purpose (import its
 # modules as `slimfit.patch.<module>` or via sys.modules).
 from .patch import patch, unpatch
+from .patch.compile import compile_regions as compile  # noqa: A001  (slimfit.compile(model): regional torch.compile)
 
 __version__ = "0.1.0"
 
@@ -21,5 +22,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'slimfit' has no attribute {name!r}")
 
 
-__all__ = ["kernels", "SlimFitConfig", "patch", "unpatch", "ILSScheduler", "autograd", "memory", "scheduler",
+__all__ = ["kernels", "SlimFitConfig", "patch", "unpatch", "compile", "ILSScheduler", "autograd", "memory", "scheduler",
            "reversible", "__version__"]

@@ -7,16 +7,72 @@
 Both modes give the same output for the same seed: y = x * float32(1 / (1 - p)) where kept,
 0 elsewhere (computed in fp32, cast back), with element i kept when u(seed, i) >= p. Seeds are
 drawn from torch's default generator (`torch.manual_seed` makes runs repeatable) unless given.
+
+Under torch.compile the seed is not a Python int (an int drawn with `.item()` breaks the graph,
+and dynamo guards on its value: a recompile per step). `draw_seed()` then returns a 0-dim int64
+tensor drawn inside the graph, and `apply_seeded_dropout` computes the same mask from it with
+tensor ops (the counter-based hash of slimfit/kernels/rng.py, bit for bit), which dynamo and
+Inductor trace; backward regenerates the mask from that seed, saved for backward (8 bytes), in
+both modes.
 """
 from __future__ import annotations
 
 import torch
 
+from ..kernels import rng
 from ..kernels.api import dropout_mask, new_seed, pack_bits, seeded_dropout, unpack_bits
 from ..kernels.validation import check_dropout_p, check_seed
 from ._common import backward_once, check_float, load, no_autocast, save
 
-__all__ = ["dropout"]
+__all__ = ["dropout", "draw_seed", "apply_seeded_dropout"]
+
+
+def draw_seed():
+    """A dropout seed from torch's default generator: a Python int in eager mode, a 0-dim int64
+    tensor while torch.compile traces (no graph break, no guard on its value)."""
+    if torch.compiler.is_compiling():
+        return torch.randint(0, 2**62, (), dtype=torch.int64)
+    return new_seed()
+
+
+def apply_seeded_dropout(x: torch.Tensor, p: float, seed) -> torch.Tensor:
+    """`kernels.seeded_dropout(x, p, seed)` for an int seed; the same bits from a tensor seed
+    (`draw_seed()` under torch.compile), computed with traceable tensor ops."""
+    if isinstance(seed, torch.Tensor):
+        return _traced_seeded_dropout(x, p, seed)
+    return seeded_dropout(x, p, seed)
+
+
+def _traced_seeded_dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    if p >= 1.0:
+        return torch.zeros_like(x, memory_format=torch.contiguous_format)
+    seed = seed.to(device=x.device, dtype=torch.int64)
+    # rng.seed_keys and rng.random_words, on tensors
+    k0 = rng.lowbias32((seed & rng.MASK32) ^ rng.SEED_SALT0)
+    k1 = rng.lowbias32((seed >> 32) ^ rng.SEED_SALT1 ^ k0)
+    idx = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
+    words = rng.lowbias32(rng.lowbias32((idx & rng.MASK32) ^ k0) ^ (idx >> 32) ^ k1)
+    u = (words >> 8).to(torch.float32) * rng.INV_2_24
+    keep = (u >= p).view(x.shape)
+    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
+    y = x.to(torch.float32) * factor
+    return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
+
+
+class _TracedDropout(torch.autograd.Function):
+    """The compiled form: the seed is a tensor, saved for backward (8 bytes), the mask regenerated."""
+
+    @staticmethod
+    def forward(ctx, x, p, seed):
+        ctx.save_for_backward(seed)
+        ctx.p = p
+        return _traced_seeded_dropout(x, p, seed)
+
+    @staticmethod
+    @backward_once("dropout")
+    def backward(ctx, grad_out):
+        (seed,) = ctx.saved_tensors
+        return _traced_seeded_dropout(grad_out, ctx.p, seed), None, None
 
 _MODES = ("seed", "bitmask")
 
@@ -77,6 +133,11 @@ def dropout(
         check_seed(seed, "dropout")
     if not training or p == 0.0:
         return x
+    if torch.compiler.is_compiling():
+        seed_t = draw_seed() if seed is None else torch.tensor(int(seed), dtype=torch.int64)
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return _traced_seeded_dropout(x, float(p), seed_t)
+        return _TracedDropout.apply(x, float(p), seed_t)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return seeded_dropout(x, float(p), new_seed() if seed is None else int(seed))
     return _Dropout.apply(x, float(p), mode, seed)
