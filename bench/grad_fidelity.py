@@ -93,7 +93,7 @@ def gradients(build, batch, config, seed: int, rate: float) -> dict[str, torch.T
     model = build()
     if config is not None:
         slimfit.patch(model, config)
-    ILSScheduler(model, freeze_rate=rate, seed=seed)  # its first decision sets requires_grad
+    ILSScheduler(model, freeze_rate=rate, seed=seed).apply()  # its first decision, applied now
     model.eval()
     model(**batch).loss.backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

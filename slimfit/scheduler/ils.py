@@ -27,6 +27,7 @@ The only contract with the rest of slimfit is ``param.requires_grad``.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any, Optional, Sequence, Union
 
@@ -49,6 +50,23 @@ _STATE_VERSION = 1
 INIT_LO = 1e6
 # step() calls in a row without an optimizer step before the scheduler warns that it is stuck.
 IDLE_WARNING_CALLS = 10
+
+
+class _ApplyOnFirstForward:
+    """The model's forward pre-hook that applies a scheduler's first frozen set. It holds the
+    scheduler weakly, so a scheduler dropped before training (built only to read its decision)
+    freezes nothing later, and it pickles as a no-op (a pickled model carries no scheduler)."""
+
+    def __init__(self, scheduler: "ILSScheduler"):
+        self._ref = weakref.ref(scheduler)
+
+    def __call__(self, module, args):
+        scheduler = self._ref() if self._ref is not None else None
+        if scheduler is not None and scheduler._pending and not scheduler._closed:
+            scheduler.apply()
+
+    def __getstate__(self):
+        return {"_ref": None}
 
 
 class ILSScheduler:
@@ -219,7 +237,7 @@ class ILSScheduler:
         self._forward_hook = None
         if isinstance(model_or_named_params, nn.Module):
             self._forward_hook = unwrap_model(model_or_named_params).register_forward_pre_hook(
-                self._apply_on_first_forward)
+                _ApplyOnFirstForward(self))
         else:
             self.apply()  # no model to watch: a parameter list is frozen at once
         if optimizer is not None:
@@ -277,10 +295,6 @@ class ILSScheduler:
             self._forward_hook.remove()
             self._forward_hook = None
         self._apply()
-
-    def _apply_on_first_forward(self, module, args):
-        if self._pending and not self._closed:
-            self.apply()
 
     def attach_optimizer(self, optimizer) -> FrozenGradGuard:
         """Hook ``optimizer`` so frozen parameters have ``grad is None`` at every update (or,

@@ -133,3 +133,23 @@ def test_trainer_callback_with_config_patches_and_schedules(tmp_path):
     assert "SlimFit" in type(model.bert.encoder.layer[0].intermediate.dense).__name__  # patched at init
     trainer.train()
     assert cb.scheduler.step_count == 3
+
+
+def test_a_dropped_scheduler_freezes_nothing_later_and_the_model_pickles():
+    import gc
+    import pickle
+
+    model = tiny_bert()
+    sched = ILSScheduler(model, 0.9)
+    assert sched.num_frozen > 0
+    del sched
+    gc.collect()
+    model(**bert_batch())
+    assert all(p.requires_grad for p in model.parameters())
+
+    kept = ILSScheduler(model, 0.9)
+    clone = pickle.loads(pickle.dumps(model))       # the pending hook pickles as a no-op
+    clone(**bert_batch())
+    assert all(p.requires_grad for p in clone.parameters())
+    model(**bert_batch())
+    assert sum(not p.requires_grad for p in model.parameters()) == kept.num_frozen
