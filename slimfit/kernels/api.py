@@ -126,7 +126,7 @@ def topk_prune(
         if not (0.0 < ratio <= 1.0):
             raise ValueError(f"slimfit.topk_prune: ratio must be in (0, 1], got {ratio}")
         k = max(1, math.ceil(ratio * x.shape[-1])) if x.dim() else 1
-    check_topk_args(x, int(k))
+    check_topk_args(x, k)
     if check_finite and x.numel() and not bool(torch.isfinite(x).all()):
         _raise_non_finite("topk_prune", "an input entry is not finite")
     values, indices = ops.topk_prune(x, int(k), bool(by_magnitude))

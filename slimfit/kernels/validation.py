@@ -1,6 +1,8 @@
 """Argument checks shared by every backend, with errors that name the problem and the fix."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -20,7 +22,22 @@ def check_float_input(x: torch.Tensor, op: str) -> None:
         )
 
 
+def _is_int(v) -> bool:
+    """An integer that is not a bool (True/False for a count or a seed is a mistake, not 1/0)."""
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
+
+
 def check_quant_args(bits: int, group_size: int) -> None:
+    if not _is_int(bits):
+        raise TypeError(f"slimfit.quantize: bits must be an int (2, 4 or 8), got {bits!r}")
+    if not _is_int(group_size):
+        raise TypeError(f"slimfit.quantize: group_size must be an int ({SUPPORTED_GROUP_SIZES}), got {group_size!r}")
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"slimfit.quantize: bits must be one of {SUPPORTED_BITS}, got {bits}")
     if group_size not in SUPPORTED_GROUP_SIZES:
@@ -30,11 +47,16 @@ def check_quant_args(bits: int, group_size: int) -> None:
 
 
 def check_seed(seed: int, op: str) -> None:
+    if not _is_int(seed):
+        raise TypeError(f"slimfit.{op}: seed must be an int in [0, 2**63), got {seed!r}")
     if not (0 <= int(seed) < 2**63):
         raise ValueError(f"slimfit.{op}: seed must be in [0, 2**63), got {seed}")
 
 
 def check_topk_args(x: torch.Tensor, k: int) -> None:
+    if not _is_int(k):
+        raise TypeError(f"slimfit.topk_prune: k must be an int (entries kept per row), got {k!r}")
+    k = operator.index(k)
     if x.dim() == 0:
         raise ValueError("slimfit.topk_prune: input must have at least one dimension (rows are the last dimension)")
     row = x.shape[-1]
@@ -49,6 +71,8 @@ def topk_index_dtype(row_length: int) -> torch.dtype:
 
 
 def check_dropout_p(p: float) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"slimfit.dropout: p must be a float in [0, 1], got {p!r}")
     if not (0.0 <= p <= 1.0):
         raise ValueError(f"slimfit.dropout: p must be in [0, 1], got {p}")
 
