@@ -285,8 +285,11 @@ def write(cells, header, out_dir: str, commit: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
+                   help="architecture names, each optionally with its own lengths: smollm2-135m:512,2048")
     p.add_argument("--seqs", nargs="+", type=int, default=list(DEFAULT_SEQS))
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (1 makes CPU time a clean measure of work on a busy machine)")
     p.add_argument("--max-gib", type=float, default=6.0, help="skip rows expected to save more (default 6 GiB)")
     p.add_argument("--max-step-s", type=float, default=240.0, help="skip rows expected to take longer per step")
     p.add_argument("--retime-under", type=float, default=90.0,
@@ -296,20 +299,26 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.seqs = ["llama-tiny"], [32, 64]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     commit = commit_label()
     import transformers
 
     header = ["# Saved-for-backward bytes and step time vs sequence length (bench/seq_sweep.py)", "",
+              "Command: `python bench/seq_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`", "",
               f"Commit: {commit}; {_timing.now()}; {_timing.cpu_model()}, {torch.get_num_threads()} threads; "
               f"torch {torch.__version__}, transformers {transformers.__version__}.",
               f"Batch 1, fp32, train mode, CPU. Frozen set: ILSScheduler(freeze_rate={FREEZE_RATE}, seed=0) at its "
               "first step. MiB = bytes autograd saves for backward in one step (slimfit.memory). 'stronger baseline' "
               "= the smaller of plain eager and plain sdpa, all trainable. Step times: CPU seconds of the process "
-              "(both threads) on a shared 2-core machine; wall times in the CSV. Compare rows of one run, not runs."]
+              f"({torch.get_num_threads()} thread(s)) on a shared machine; wall times in the CSV. Compare rows of "
+              "one run, not runs."]
     cells: list[Cell] = []
     print("\n".join(header), flush=True)
-    for name in args.models:
-        sweep_model(name, sorted(args.seqs), args, cells)
+    for spec in args.models:
+        name, _, own = spec.partition(":")
+        seqs = [int(x) for x in own.split(",")] if own else args.seqs
+        sweep_model(name, sorted(seqs), args, cells)
     print()
     print(render_md(cells, []))
     if not args.quick:
