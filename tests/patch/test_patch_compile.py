@@ -31,3 +31,44 @@ def test_compiled_patched_bert_trains_like_eager():
             losses[name].append(loss.item())
     assert losses["compiled"][-1] < losses["compiled"][0]
     torch.testing.assert_close(torch.tensor(losses["compiled"]), torch.tensor(losses["eager"]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_regional_compile_with_the_scheduler_stops_compiling_and_matches_eager():
+    """slimfit.compile under ILSScheduler: the frozen set changes every step, yet no graph is compiled
+    after the first steps (whole-model torch.compile recompiles on each new frozen set), and the
+    run (dropout on) equals eager under the same seeds."""
+    from torch._dynamo.utils import counters
+
+    from slimfit.scheduler import ILSScheduler
+
+    def run(compiled: bool):
+        model, inputs = build("bert")
+        for m in model.modules():  # the attention core still draws an int seed (docs/autograd.md)
+            if type(m).__name__ == "BertSelfAttention":
+                m.dropout.p = 0.0
+        slimfit.patch(model, SlimFitConfig.paper())
+        if compiled:
+            slimfit.compile(model, backend="aot_eager")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = ILSScheduler(model, freeze_rate=0.5)
+        sched.attach_optimizer(opt)
+        torch.manual_seed(3)
+        losses, graphs = [], []
+        for _ in range(8):
+            loss = model(**inputs).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            losses.append(loss.item())
+            graphs.append(counters["stats"]["unique_graphs"])
+        return losses, graphs
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled, graphs = run(True)
+    eager, _ = run(False)
+    assert graphs[4:] == [graphs[4]] * 4, graphs
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-5)
