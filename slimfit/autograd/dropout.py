@@ -23,6 +23,7 @@ from ..kernels import rng
 from ..kernels.api import dropout_mask, new_seed, pack_bits, seeded_dropout, unpack_bits
 from ..kernels.validation import check_dropout_p, check_seed
 from ._common import backward_once, check_float, load, no_autocast, save
+from .seeds import reset_side_seeds
 
 __all__ = ["dropout", "draw_seed", "apply_seeded_dropout"]
 
@@ -32,7 +33,15 @@ def draw_seed():
     tensor while torch.compile traces (no graph break, no guard on its value)."""
     if torch.compiler.is_compiling():
         return torch.randint(0, 2**62, (), dtype=torch.int64)
-    return new_seed()
+    return _eager_seed()
+
+
+def _eager_seed() -> int:
+    """A dropout seed (advances torch's generator); side seeds drawn after it count from 0 again, so
+    a checkpoint's recompute, replaying from the restored generator, draws the same side seeds."""
+    seed = new_seed()
+    reset_side_seeds()
+    return seed
 
 
 def apply_seeded_dropout(x: torch.Tensor, p: float, seed) -> torch.Tensor:
@@ -81,7 +90,7 @@ class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, mode, seed):
         if seed is None:
-            seed = new_seed()
+            seed = _eager_seed()
         with no_autocast(x.device.type):
             if mode == "bitmask":
                 keep = dropout_mask(x, p, seed)
@@ -139,5 +148,5 @@ def dropout(
             return _traced_seeded_dropout(x, float(p), seed_t)
         return _TracedDropout.apply(x, float(p), seed_t)
     if not (torch.is_grad_enabled() and x.requires_grad):
-        return seeded_dropout(x, float(p), new_seed() if seed is None else int(seed))
+        return seeded_dropout(x, float(p), _eager_seed() if seed is None else int(seed))
     return _Dropout.apply(x, float(p), mode, seed)

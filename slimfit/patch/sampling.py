@@ -101,9 +101,13 @@ def _drop_sample_ids(module, args, kwargs, output):
 
 
 def _advance_generator(module, args):
-    """One draw from torch's generator per forward, so side seeds (autograd/seeds.py: stochastic
-    rounding, row draws) differ from step to step even when nothing else draws."""
+    """One draw from torch's generator per forward and a restart of the side-seed count, so side
+    seeds (autograd/seeds.py: stochastic rounding, row draws) differ from step to step even when
+    nothing else draws, and `torch.manual_seed` repeats them."""
+    from ..autograd.seeds import reset_side_seeds
+
     torch.randint(0, 2, (1,))
+    reset_side_seeds()
 
 
 _ADDED_WARNING = (
