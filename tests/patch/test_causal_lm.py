@@ -192,3 +192,23 @@ def test_patched_tiny_model_trains_with_the_scheduler(family, preset):
         losses.append(out.loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) < sum(losses[:3]) * 0.95, losses
+
+
+def test_peft_lora_model_is_patched_inside():
+    peft = pytest.importorskip("peft")
+    model, inputs = _model("llama")
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    ref = peft.get_peft_model(copy.deepcopy(model), cfg)
+    torch.manual_seed(0)
+    lora = peft.get_peft_model(copy.deepcopy(model), cfg)
+    lora.load_state_dict(ref.state_dict())
+    slimfit.patch(lora, CHUNKED)
+    ref.eval(), lora.eval()
+    out, expected = lora(**inputs), ref(**inputs)
+    assert out.logits is None and expected.logits is not None
+    _close(out.loss, expected.loss)
+    out.loss.backward(), expected.loss.backward()
+    g_out, g_ref = _grads(lora), _grads(ref)
+    assert g_ref and g_out.keys() == g_ref.keys()
+    for name in g_ref:
+        _close(g_out[name], g_ref[name])
