@@ -106,8 +106,13 @@ def ffn():
 def test_quantized_weight_grad_realistic(ffn, bits, max_rel, min_cos):
     x, w, b, exact = ffn
     gx, gw, gb = _ffn_grads(x, w, b, bits)
-    assert torch.equal(gx, exact[0])  # the input gradient never touches the saved input
-    assert torch.equal(gb, exact[2])  # bias gradient exact
+    # The input and bias gradients never touch the saved input: bit-equal to slimfit's uncompressed
+    # path (same kernels), and to PyTorch's within the last bit (BLAS may split the same GEMM
+    # differently between threads on a loaded machine, so bit equality with F.linear's is not stable).
+    uncompressed = _ffn_grads(x, w, b, None)
+    assert torch.equal(gx, uncompressed[0]) and torch.equal(gb, uncompressed[2])
+    torch.testing.assert_close(gx, exact[0], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(gb, exact[2], rtol=1e-5, atol=1e-12)
     assert rel_err(gw, exact[1]) <= max_rel
     assert cos_sim(gw, exact[1]) >= min_cos
 
