@@ -39,8 +39,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels (the interpreter has no cubin)
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
@@ -216,7 +214,7 @@ def _triton_variants(quick: bool):
         for gs in groups:
             for bits in (2, 4, 8):
                 for stoch in (False, True):
-                    cfg = q.launch_config(gs, big // gs)
+                    cfg = q.launch_config(gs, big // gs, stoch)
                     yield dict(
                         kernel="quantize", fn=q._quantize_kernel,
                         variant=f"{dt} g{gs} {bits}-bit {'stochastic' if stoch else 'nearest'}",
@@ -313,7 +311,6 @@ def compile_triton(quick: bool) -> list[Row]:
             rows.append(Row("triton", v["kernel"], v["variant"], threads, v["elems"], use["regs"], spills,
                             use["local"], shared, executed, executed * threads / v["elems"],
                             occupancy(threads, use["regs"], shared), note))
-            rows[-1].target = v["target"]
             print(f"  triton {v['kernel']:<18} {v['variant']:<28} regs {use['regs']:>3}  spills {spills}  "
                   f"{rows[-1].per_elem:6.1f} instr/elem", flush=True)
     return rows
@@ -332,7 +329,10 @@ def _cuda_stub(quick: bool) -> tuple[str, list[dict]]:
         dt, ctype = _KINDS[kind]
         vec = 16 // (4 if kind == 0 else 2)
         header = (ROOT / "csrc/cuda/quantize_kernels.cuh").read_text()
-        v_quant = int(re.search(r"static constexpr int V = (\d+);", header).group(1))  # elements per thread
+        m = re.search(r"static constexpr int V = (\d+) / static_cast<int>\(sizeof\(S\)\);", header)
+        if not m:
+            raise SystemExit("kernels_static: QuantShape::V of quantize_kernels.cuh changed; update the bench")
+        v_quant = int(m.group(1)) // (4 if kind == 0 else 2)  # elements per thread
         for gs in groups:
             v_per_thread = v_quant
             for bits in (2, 4, 8):
@@ -382,7 +382,6 @@ def compile_cuda(quick: bool) -> list[Row]:
         row = Row("cuda", m["kernel"], m["variant"], block, block * m["per_thread"], u["regs"],
                   spills.get(name, 0), u["local"], u["shared"], executed, executed / m["per_thread"],
                   occupancy(block, u["regs"], u["shared"]), note)
-        row.target = m["target"]
         rows.append(row)
         print(f"  cuda   {m['kernel']:<18} {m['variant']:<28} regs {u['regs']:>3}  spills {row.spills}  "
               f"{row.per_elem:6.1f} instr/elem", flush=True)
@@ -402,7 +401,7 @@ def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
         worst = max(qd, key=lambda r: r.regs)
         out.append((f"{be} quantize/dequantize <= 64 registers", worst.regs <= 64,
                     f"max {worst.regs} ({worst.kernel} {worst.variant})"))
-        n8 = [r for r in qd if getattr(r, "target", None) and r.target[1] == 8 and not r.target[2]]
+        n8 = [r for r in qd if "8-bit" in r.variant and "stochastic" not in r.variant]
         worst = max(n8, key=lambda r: r.per_elem)
         out.append((f"{be} 8-bit nearest quantize/dequantize <= 20 instr/elem", worst.per_elem <= 20,
                     f"max {worst.per_elem:.1f} ({worst.kernel} {worst.variant})"))
@@ -414,7 +413,16 @@ def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def write(rows: list[Row], checks, stem: str) -> None:
+def _load_before(stem: str | None) -> dict:
+    path = RESULTS / f"{stem}.csv" if stem else None
+    if not path or not path.exists():
+        return {}
+    with open(path) as f:
+        return {(r["backend"], r["kernel"], r["variant"]): (int(r["regs"]), float(r["per_elem"]))
+                for r in csv.DictReader(f)}
+
+
+def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     cols = ["backend", "kernel", "variant", "threads", "elems", "regs", "spills", "local", "shared", "instr",
             "per_elem", "occupancy", "note"]
@@ -441,31 +449,52 @@ def write(rows: list[Row], checks, stem: str) -> None:
         "|---|---|---|",
     ]
     lines += [f"| {name} | {'met' if ok else 'MISSED'} | {detail} |" for name, ok, detail in checks]
+    before = _load_before(before_stem)
+    if before:
+        lines += ["", f"Columns *before* come from `bench/results/{before_stem}.md` (the kernels before issue 16's "
+                  "rework; its CUDA counts include the tail path and both rounding modes, so they are upper bounds)."]
+    extra_head = " regs before | instr/elem before |" if before else ""
     lines += ["", "## Kernels", "",
-              "| backend | kernel | variant | threads | elems | regs | spills | instr/elem | occupancy |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+              "| backend | kernel | variant | threads | elems | regs | spills | instr/elem | occupancy |" + extra_head,
+              "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else "")]
     for r in rows:
-        lines.append(f"| {r.backend} | {r.kernel} | {r.variant} | {r.threads} | {r.elems} | {r.regs} | {r.spills} | "
-                     f"{r.per_elem:.1f} | {r.occupancy:.0%} |")
+        line = (f"| {r.backend} | {r.kernel} | {r.variant} | {r.threads} | {r.elems} | {r.regs} | {r.spills} | "
+                f"{r.per_elem:.1f} | {r.occupancy:.0%} |")
+        if before:
+            b = before.get((r.backend, r.kernel, r.variant)) or before.get(
+                (r.backend, r.kernel, re.sub(r" (nearest|stochastic)$", " (nearest+stochastic)", r.variant)))
+            line += f" {b[0]} | {b[1]:.1f} |" if b else " | |"
+        lines.append(line)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
+    # compile real kernels (the interpreter has no cubin); before anything imports triton
+    os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a few variants only (smoke test)")
     ap.add_argument("--out", default="kernels_static_sm90", help="file stem under bench/results/")
     ap.add_argument("--no-cuda", action="store_true", help="skip the nvcc part")
+    ap.add_argument("--compare", default="kernels_static_sm90_before",
+                    help="stem of an earlier table under bench/results/ to show beside (if present)")
+    ap.add_argument("--from-csv", action="store_true", help="re-render the .md from the existing .csv (no compile)")
     args = ap.parse_args(argv)
-    print("Triton kernels (sm_90a):")
-    rows = compile_triton(args.quick)
-    if not args.no_cuda:
-        print("CUDA kernels (nvcc -arch=sm_90a):")
-        rows += compile_cuda(args.quick)
+    if args.from_csv:
+        with open(RESULTS / f"{args.out}.csv") as f:
+            rows = [Row(r["backend"], r["kernel"], r["variant"], int(r["threads"]), int(r["elems"]), int(r["regs"]),
+                        int(r["spills"]), int(r["local"]), int(r["shared"]), float(r["instr"]), float(r["per_elem"]),
+                        float(r["occupancy"]), r["note"]) for r in csv.DictReader(f)]
+    else:
+        print("Triton kernels (sm_90a):")
+        rows = compile_triton(args.quick)
+        if not args.no_cuda:
+            print("CUDA kernels (nvcc -arch=sm_90a):")
+            rows += compile_cuda(args.quick)
     checks = targets(rows)
     print("\nTargets:")
     for name, ok, detail in checks:
         print(f"  {'met   ' if ok else 'MISSED'}  {name}: {detail}")
-    write(rows, checks, args.out)
+    write(rows, checks, args.out, args.compare)
     print(f"\nwrote bench/results/{args.out}.md and .csv")
     return 0
 

@@ -123,7 +123,7 @@ def _launch_quantize(x, bits, group_size, stochastic, seed, even, idx64):
     codes = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     scale = torch.empty(ng, dtype=torch.float32, device=x.device)
     offset = torch.empty(ng, dtype=torch.float32, device=x.device)
-    cfg = qmod.launch_config(group_size, ng)
+    cfg = qmod.launch_config(group_size, ng, stochastic)
     qmod._quantize_kernel[(-(-ng // cfg.groups),)](
         x, codes, scale, offset, n, ng, nbytes, *_rng.seed_key_args(seed),
         **cfg.constexprs(bits, group_size, stochastic, even=even, idx64=idx64),
