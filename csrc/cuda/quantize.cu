@@ -13,11 +13,11 @@
 // dequantize: x = code * scale + offset in fp32 (two roundings), cast to the dtype.
 //
 // Layout of the work (memory-bound, so: wide loads, no shared memory, no atomics):
-//   * a thread owns V consecutive elements of one group (V = 4 for fp32, 8 for 16-bit
-//     inputs, so one 16-byte load; 8 for fp32 with group 256), and T = group_size / V
+//   * a thread owns V consecutive elements of one group (32 bytes of input: V = 8 for fp32,
+//     16 for 16-bit inputs, two 16-byte loads), and T = group_size / V
 //     consecutive lanes of a warp own a group (T <= 32 divides 32, so a group never
 //     straddles warps); min/max are reduced with __shfl_xor_sync inside those T lanes.
-//   * the thread packs its V codes into V * bits / 8 bytes (1 to 8) and writes them with
+//   * the thread packs its V codes into V * bits / 8 bytes (2 to 16) and writes them with
 //     one aligned store: groups, and each thread's share of a group, start on a byte
 //     boundary because V * bits is a multiple of 8.
 //   * the tail (numel not a multiple of group_size, or of V) goes through a scalar path:

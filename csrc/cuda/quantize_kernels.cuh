@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
@@ -48,6 +49,10 @@ struct Fmt<1> {
   using S = uint16_t;
   // fp16 -> fp32 is exact.
   static __device__ __forceinline__ float to_float(S v) { return __half2float(__ushort_as_half(v)); }
+  // One half of a little-endian word (element 2i in the low half), as fp32.
+  static __device__ __forceinline__ float word_half(uint32_t w, int high) {
+    return __half2float(__ushort_as_half(static_cast<uint16_t>(high ? w >> 16 : w)));
+  }
   // Round to nearest even, as torch's CPU conversion; NaN -> sign | 0x7E00 like c10::Half.
   static __device__ __forceinline__ S from_float(float v) {
     if (v != v) return static_cast<S>(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7E00u);
@@ -60,6 +65,10 @@ struct Fmt<2> {
   using S = uint16_t;
   // bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word.
   static __device__ __forceinline__ float to_float(S v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+  // One half of a little-endian word (element 2i in the low half), as fp32: a shift or a mask.
+  static __device__ __forceinline__ float word_half(uint32_t w, int high) {
+    return __uint_as_float(high ? (w & 0xFFFF0000u) : (w << 16));
+  }
   // Round to nearest even on the bits, as c10::BFloat16 does (NaN -> 0x7FC0).
   static __device__ __forceinline__ S from_float(float v) {
     if (v != v) return static_cast<S>(0x7FC0u);
@@ -124,10 +133,10 @@ template <int Kind, int Group>
 struct QuantShape {
   using S = typename Fmt<Kind>::S;
   static constexpr int kVecElems = 16 / static_cast<int>(sizeof(S));  // one 16-byte load
-  // 8 elements per thread (two 16-byte loads of fp32, one of fp16/bf16): the per-thread work
-  // (index math, shuffles, scale and reciprocal) is shared by 8 elements, 8 codes fill whole
-  // bytes at every bit width, and the registers stay within full occupancy.
-  static constexpr int V = 8;  // elements per thread
+  // 32 bytes of input per thread (two 16-byte loads: 8 fp32 or 16 fp16/bf16 elements): the
+  // per-thread work (index math, shuffles, scale and reciprocal) is shared by 8 or 16 elements,
+  // the codes fill whole bytes at every bit width, and the registers stay within full occupancy.
+  static constexpr int V = 32 / static_cast<int>(sizeof(S));  // elements per thread
   static constexpr int T = Group / V;                                          // threads per group
   static constexpr int kLoads = V / kVecElems;                                 // 16-byte loads per thread
   static_assert(T >= 1 && T <= 32 && (32 % T) == 0, "a group must sit inside one warp");
@@ -156,20 +165,46 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
   const int64_t left = (g < ngroups) ? n - e0 : 0;
   const int valid = SLIMFIT_FULL_VECTORS(false) ? V : left <= 0 ? 0 : (left >= V ? V : static_cast<int>(left));
 
-  float v[V];
+  // The input stays in its storage format in registers (32-bit words: one fp32 or two 16-bit
+  // values each) and is converted where used: 16 fp16/bf16 elements then fit the 32 registers of
+  // full occupancy without spilling (a conversion is one instruction, cheaper than a spill).
+  constexpr int kPerWord = static_cast<int>(sizeof(uint32_t) / sizeof(S));
+  uint32_t raw[V / kPerWord];
   if (valid == V && SLIMFIT_FULL_VECTORS(vec_ok)) {
-    alignas(16) S raw[V];
     const uint4* src = reinterpret_cast<const uint4*>(x + e0);
 #pragma unroll
     for (int w = 0; w < Shape::kLoads; ++w) {
-      *reinterpret_cast<uint4*>(&raw[w * Shape::kVecElems]) = __ldg(src + w);
+      const uint4 q4 = __ldg(src + w);
+      raw[4 * w] = q4.x;
+      raw[4 * w + 1] = q4.y;
+      raw[4 * w + 2] = q4.z;
+      raw[4 * w + 3] = q4.w;
     }
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = F::to_float(raw[j]);
   } else {
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = (j < valid) ? F::to_float(x[e0 + j]) : 0.0f;
+    for (int w = 0; w < V / kPerWord; ++w) raw[w] = 0u;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (j < valid) {
+        S bits = x[e0 + j];
+        uint32_t u;
+        if constexpr (kPerWord == 1) {
+          memcpy(&u, &bits, sizeof(u));
+        } else {
+          u = static_cast<uint32_t>(bits) << (16 * (j % 2));
+        }
+        raw[j / kPerWord] |= u;
+      }
+    }
   }
+  // element j as fp32
+  auto elem = [&](int j) -> float {
+    if constexpr (kPerWord == 1) {
+      return __uint_as_float(raw[j]);
+    } else {
+      return F::word_half(raw[j / 2], j % 2);
+    }
+  };
 
   // Identities for elements past the end: they never win (a group always holds at least
   // one real element, which then decides).
@@ -178,8 +213,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     if (j < valid) {
-      mn = nan_min(mn, v[j]);
-      mx = nan_max(mx, v[j]);
+      mn = nan_min(mn, elem(j));
+      mx = nan_max(mx, elem(j));
     }
   }
 #pragma unroll
@@ -204,25 +239,29 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
     offset_out[g] = mn;
   }
 
-  uint64_t packed = 0;
+  static_assert(V * Bits <= 128, "a thread's codes fit four 32-bit words");
+  uint32_t words[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float q = __fmul_rn(__fsub_rn(v[j], mn), inv);
+    const float q = __fmul_rn(__fsub_rn(elem(j), mn), inv);
     float u = 0.5f;
     if constexpr (Stochastic) u = cuda_rng::word_to_uniform(rng::word_hk(lo0 + j, keys.k0, hk1));
-    float c = floorf(__fadd_rn(q, u));
-    // clamp(0, levels); a NaN (non-finite group only) becomes 0 instead of undefined.
-    c = fminf(fmaxf(c, 0.0f), static_cast<float>(kLevels));
-    const uint64_t code = (j < valid) ? static_cast<uint64_t>(static_cast<uint32_t>(c)) : 0u;
-    packed |= code << (j * Bits);
+    // clamp(floor(t), 0, levels) == trunc(clamp(t, 0, levels)): truncation is floor for t >= 0,
+    // and fmaxf turns a NaN (non-finite group only) into 0 instead of undefined.
+    const float c = fminf(fmaxf(__fadd_rn(q, u), 0.0f), static_cast<float>(kLevels));
+    const uint32_t code = (j < valid) ? static_cast<uint32_t>(c) : 0u;
+    words[(j * Bits) / 32] |= code << ((j * Bits) % 32);
   }
-
   uint8_t* dst = codes + e0 * Bits / 8;
   if (valid == V) {
-    store_bytes<kBytes>(dst, packed);
+    if constexpr (kBytes == 16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else {
+      store_bytes<kBytes>(dst, (static_cast<uint64_t>(words[1]) << 32) | words[0]);
+    }
   } else {
     const int nbytes = (valid * Bits + 7) / 8;  // the packed tensor ends after these
-    for (int b = 0; b < nbytes; ++b) dst[b] = static_cast<uint8_t>(packed >> (8 * b));
+    for (int b = 0; b < nbytes; ++b) dst[b] = static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4)));
   }
 }
 
