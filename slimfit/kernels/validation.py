@@ -174,9 +174,15 @@ def op_topk_restore(values, indices, row_length) -> None:
         return
     if row_length == 0:
         raise ValueError(f"slimfit::{op}: indices point into rows of length 0")
-    # a data-dependent check (one host read): the Python backends are not the hot path
-    if bool((indices < 0).any()) or bool((indices.to(torch.int64) >= row_length).any()):
-        raise ValueError(f"slimfit::{op}: an index is outside [0, row_length={row_length})")
+    # A data-dependent check. On the CPU a host read is free (and the error is a ValueError); on an
+    # accelerator, where this runs before every Triton restore, it must not wait for the host: a
+    # device-side assertion fails the stream asynchronously instead of writing out of bounds.
+    if indices.device.type == "cpu":
+        if bool((indices < 0).any()) or bool((indices.to(torch.int64) >= row_length).any()):
+            raise ValueError(f"slimfit::{op}: an index is outside [0, row_length={row_length})")
+    else:
+        inside = ((indices >= 0) & (indices.to(torch.int64) < row_length)).all()
+        torch._assert_async(inside, f"slimfit::{op}: an index is outside [0, row_length={row_length})")
 
 
 def op_pack_bits(mask) -> None:
