@@ -23,9 +23,10 @@ def test_demo_runs_plain_and_slimfit(capsys):
                "--max-length", "32", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "plain PyTorch" in out and "slimfit paper, rate 0.9" in out
+    assert "plain PyTorch" in out
+    assert "slimfit aggressive, rate 0.7, task_head always trains, frozen_update=momentum" in out
     assert "test accuracy" in out and "less" in out
-    assert "each layer trains in about 10% of the steps (0 of 3 here)" in out
+    assert "each layer trains in about 30% of the steps (1 of 3 here); the classifier head trains every step" in out
 
 
 def test_rotten_tomatoes_split_is_clean():

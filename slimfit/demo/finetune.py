@@ -127,13 +127,14 @@ def count_labels(train, test) -> int:
 
 def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.9, steps: int,
              batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
-             prepare: Callable | None = None) -> RunResult:
+             prepare: Callable | None = None, always_train=(), scheduler_options: dict | None = None) -> RunResult:
     """Fine-tune from `model_dir`; preset None = plain PyTorch, else slimfit with that preset and
-    the freezing scheduler at `rate`; or any method given as `prepare(model, seed) -> Prepared`.
+    the freezing scheduler at `rate` (with `always_train` and `scheduler_options`, see prepare_preset);
+    or any method given as `prepare(model, seed) -> Prepared`.
     Same seed, same batches, same head initialisation."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    prepare = prepare or prepare_preset(preset, rate)
+    prepare = prepare or prepare_preset(preset, rate, always_train, scheduler_options)
     num_labels = count_labels(train, test)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
