@@ -30,9 +30,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..kernels.api import dropout_mask, new_seed, quantize, seeded_dropout, topk_prune
+from ..kernels.api import quantize, topk_prune
 from ..kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 from ._common import autocast_dtype, backward_once, load, no_autocast, restore, save
+from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
 __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
 
@@ -97,16 +98,17 @@ def _apply_keep(x: Tensor, keep: Tensor, p: float) -> Tensor:
     return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
 
 
-def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed: Optional[int]) -> Tensor:
-    """dropout(P)·V (or P·dropout(V)) in the math dtype, returned in v's dtype."""
+def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -> Tensor:
+    """dropout(P)·V (or P·dropout(V)) in the math dtype, returned in v's dtype. `seed`: None (no
+    dropout), an int, or a 0-dim tensor (torch.compile: drawn in the graph, no recompile per step)."""
     mdt = _math_dtype(v.dtype, v.device.type)
     p, vm = p32.to(mdt), v.to(mdt)
     if seed is None:
         out = torch.matmul(p, vm)
     elif dropout_mode == "seed":
-        out = torch.matmul(seeded_dropout(p, dropout_p, seed), vm)
+        out = torch.matmul(apply_seeded_dropout(p, dropout_p, seed), vm)
     else:  # on_v
-        out = torch.matmul(p, seeded_dropout(vm, dropout_p, seed))
+        out = torch.matmul(p, apply_seeded_dropout(vm, dropout_p, seed))
     return out.to(v.dtype)
 
 
@@ -117,7 +119,7 @@ class _AttentionFn(torch.autograd.Function):
     def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, dropout_mode,
                 qkv_bits, probs, keep_ratio, group_size, check_finite=False):
         cdt = q.dtype
-        seed = new_seed() if dropout_p > 0.0 else None
+        seed = draw_seed() if dropout_p > 0.0 else None
         p32 = _probs(q, k, scale, attn_mask, is_causal)
         out = _output(p32, v, dropout_p, dropout_mode, seed)
         p = p32.to(cdt)  # P is stored in the input dtype (no copy for fp32)
@@ -139,11 +141,12 @@ class _AttentionFn(torch.autograd.Function):
         else:  # int8 / int4, quantized from the fp32 probabilities
             saved_p = quantize(p32, _PROBS_BITS[probs], group_size, check_finite=check)
         del p32
-        save(ctx, *saved_qkv, saved_p)
+        seed_tensor = seed if isinstance(seed, Tensor) else None  # compiled: saved like any tensor (8 bytes)
+        save(ctx, *saved_qkv, saved_p, seed_tensor)
 
         ctx.cdt = cdt
         ctx.scale = scale
-        ctx.seed = seed
+        ctx.seed = None if seed_tensor is not None else seed
         ctx.dropout_p = dropout_p
         ctx.dropout_mode = dropout_mode
         ctx.mask_shape = None
@@ -164,7 +167,7 @@ class _AttentionFn(torch.autograd.Function):
     def _backward(ctx, grad_out):
         cdt = ctx.cdt
         mdt = _math_dtype(cdt, ctx.device_type)
-        sq, sk, sv, sp = load(ctx)
+        sq, sk, sv, sp, seed_tensor = load(ctx)
         q = restore(sq, mdt)
         k = restore(sk, mdt)
         v = restore(sv, mdt)
@@ -173,14 +176,15 @@ class _AttentionFn(torch.autograd.Function):
         p = p32.to(mdt)
         go = grad_out.to(mdt)
 
-        seed, dp, mode = ctx.seed, ctx.dropout_p, ctx.dropout_mode
+        seed = seed_tensor if seed_tensor is not None else ctx.seed
+        dp, mode = ctx.dropout_p, ctx.dropout_mode
         if seed is not None and mode == "seed":  # the mask is regenerated once, used twice
-            keep = dropout_mask(p, dp, seed)
+            keep = keep_mask(p, dp, seed)
             grad_v = torch.matmul(_apply_keep(p, keep, dp).transpose(-2, -1), go)
             grad_p = _apply_keep(torch.matmul(go, v.transpose(-2, -1)), keep, dp)
             del keep
         elif seed is not None:  # on_v: O = P·D(V)
-            keep = dropout_mask(v, dp, seed)
+            keep = keep_mask(v, dp, seed)
             grad_v = _apply_keep(torch.matmul(p.transpose(-2, -1), go), keep, dp)
             grad_p = torch.matmul(go, _apply_keep(v, keep, dp).transpose(-2, -1))
             del keep
@@ -343,7 +347,7 @@ def attention(
     )
     with no_autocast(q.device.type):
         if not needs_graph:  # inference: nothing to save, plain math
-            seed = new_seed() if p_drop > 0.0 else None
+            seed = draw_seed() if p_drop > 0.0 else None
             p32 = _probs(q, k, float(scale), attn_mask, bool(is_causal))
             return _output(p32, v, p_drop, dropout_mode, seed)
         return _AttentionFn.apply(

@@ -25,7 +25,7 @@ from ..kernels.validation import check_dropout_p, check_seed
 from ._common import backward_once, check_float, load, no_autocast, save
 from .seeds import reset_side_seeds
 
-__all__ = ["dropout", "draw_seed", "apply_seeded_dropout"]
+__all__ = ["dropout", "draw_seed", "apply_seeded_dropout", "keep_mask"]
 
 
 def draw_seed():
@@ -52,9 +52,15 @@ def apply_seeded_dropout(x: torch.Tensor, p: float, seed) -> torch.Tensor:
     return seeded_dropout(x, p, seed)
 
 
-def _traced_seeded_dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
-    if p >= 1.0:
-        return torch.zeros_like(x, memory_format=torch.contiguous_format)
+def keep_mask(like: torch.Tensor, p: float, seed) -> torch.Tensor:
+    """The bool mask of kept elements for `seed`: `kernels.dropout_mask` for an int seed, the same
+    bits from tensor ops for a tensor seed (`draw_seed()` under torch.compile)."""
+    if isinstance(seed, torch.Tensor):
+        return _traced_keep(like, p, seed)
+    return dropout_mask(like, p, seed)
+
+
+def _traced_keep(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     seed = seed.to(device=x.device, dtype=torch.int64)
     # rng.seed_keys and rng.random_words, on tensors
     k0 = rng.lowbias32((seed & rng.MASK32) ^ rng.SEED_SALT0)
@@ -62,7 +68,13 @@ def _traced_seeded_dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> tor
     idx = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
     words = rng.lowbias32(rng.lowbias32((idx & rng.MASK32) ^ k0) ^ (idx >> 32) ^ k1)
     u = (words >> 8).to(torch.float32) * rng.INV_2_24
-    keep = (u >= p).view(x.shape)
+    return (u >= p).view(x.shape)
+
+
+def _traced_seeded_dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    if p >= 1.0:
+        return torch.zeros_like(x, memory_format=torch.contiguous_format)
+    keep = _traced_keep(x, p, seed)
     factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
     y = x.to(torch.float32) * factor
     return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)

@@ -96,6 +96,43 @@ def test_dropout_compiles_in_one_graph_no_recompile_when_the_seed_changes(mode):
     assert len(set(losses_c)) == 5  # the masks change from step to step
 
 
+class AttentionBlock(nn.Module):
+    """slimfit's materializing attention with dropout on P (or on V), Q/K/V and P at 8 bits."""
+
+    def __init__(self, mode, d=16, heads=2):
+        super().__init__()
+        self.qkv, self.mode, self.heads = nn.Linear(d, 3 * d), mode, heads
+
+    def forward(self, x):
+        from slimfit.autograd import attention
+
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = attention(q, k, v, dropout_p=0.3, training=True, qkv_bits=8, probs="int8", dropout_mode=self.mode)
+        return o.transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("mode", ["seed", "on_v"])
+def test_attention_dropout_compiles_once_and_matches_eager(mode):
+    """The attention core's dropout seed is drawn inside the graph as for nn.Dropout: no recompile
+    per step (it used to be a Python int guarded by value), masks replayed in backward."""
+    torch.manual_seed(0)
+    eager, compiled = AttentionBlock(mode), AttentionBlock(mode)
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 8, 16)
+    cfn = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(1)
+    losses_c = _train(compiled, x, 1, cfn)
+    after_first = _graphs()
+    losses_c += _train(compiled, x, 4, cfn)
+    assert _graphs() == after_first, "a later step recompiled"
+    torch.manual_seed(1)
+    losses_e = _train(eager, x, 5)
+    for a, b in zip(losses_c, losses_e):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
+    assert len(set(losses_c)) == 5
+
+
 def test_traced_dropout_mask_is_the_kernel_mask():
     from slimfit.autograd.dropout import _traced_seeded_dropout
     from slimfit.kernels import seeded_dropout
