@@ -81,19 +81,24 @@ def test_dropout_compiles_in_one_graph_no_recompile_when_the_seed_changes(mode):
     compiles, steps 2..N reuse step 1's graph, and the run equals eager (same generator draws)."""
     torch.manual_seed(0)
     eager, compiled = Block(p_drop=0.3, ln_save="topk"), Block(p_drop=0.3, ln_save="topk")
+    _assert_compiles_once_and_matches_eager(eager, compiled, torch.randn(2, 8, 32))
+
+
+def _assert_compiles_once_and_matches_eager(eager, compiled, x, steps=5):
+    """fullgraph compile; steps 2..N add no graph; the losses equal eager's under the same generator
+    draws, and change from step to step (fresh dropout masks)."""
     compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(2, 8, 32)
     cfn = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     torch.manual_seed(1)
     losses_c = _train(compiled, x, 1, cfn)
     after_first = _graphs()
-    losses_c += _train(compiled, x, 4, cfn)
+    losses_c += _train(compiled, x, steps - 1, cfn)
     assert _graphs() == after_first, "a later step recompiled"
     torch.manual_seed(1)
-    losses_e = _train(eager, x, 5)
+    losses_e = _train(eager, x, steps)
     for a, b in zip(losses_c, losses_e):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
-    assert len(set(losses_c)) == 5  # the masks change from step to step
+    assert len(set(losses_c)) == steps
 
 
 class AttentionBlock(nn.Module):
@@ -117,20 +122,7 @@ def test_attention_dropout_compiles_once_and_matches_eager(mode):
     """The attention core's dropout seed is drawn inside the graph as for nn.Dropout: no recompile
     per step (it used to be a Python int guarded by value), masks replayed in backward."""
     torch.manual_seed(0)
-    eager, compiled = AttentionBlock(mode), AttentionBlock(mode)
-    compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(2, 8, 16)
-    cfn = torch.compile(compiled, backend="aot_eager", fullgraph=True)
-    torch.manual_seed(1)
-    losses_c = _train(compiled, x, 1, cfn)
-    after_first = _graphs()
-    losses_c += _train(compiled, x, 4, cfn)
-    assert _graphs() == after_first, "a later step recompiled"
-    torch.manual_seed(1)
-    losses_e = _train(eager, x, 5)
-    for a, b in zip(losses_c, losses_e):
-        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
-    assert len(set(losses_c)) == 5
+    _assert_compiles_once_and_matches_eager(AttentionBlock(mode), AttentionBlock(mode), torch.randn(2, 8, 16))
 
 
 def test_traced_dropout_mask_is_the_kernel_mask():

@@ -7,13 +7,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from _models import MLP, regression_data
+from _two_ranks import init_worker
 
 
 def run(rank, world, port, outdir, steps):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_worker(rank, world, port)
     try:
         _body(rank, world, outdir, steps)
     finally:

@@ -1,13 +1,11 @@
 """FSDP2 (fully_shard) on two CPU processes over gloo: the scheduler scores sharded layers from
 per-shard sums and makes the same decision on every rank."""
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from test_ddp import _free_port
+from _two_ranks import run_two_ranks
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is needed")
@@ -18,17 +16,7 @@ STEPS = 6
 def test_two_ranks_fsdp2_same_decisions_and_whole_tensor_scores(tmp_path):
     import _fsdp2_worker
 
-    ctx = mp.start_processes(_fsdp2_worker.run, args=(2, _free_port(), str(tmp_path), STEPS), nprocs=2,
-                             join=False, start_method="spawn")
-    deadline = time.time() + 240
-    while not ctx.join(timeout=5):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail("FSDP2 workers did not finish in time (a collective mismatch would hang)")
-    r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
+    r0, r1 = run_two_ranks(_fsdp2_worker.run, tmp_path, STEPS, "FSDP2")
     assert r0["sharded"] and r1["sharded"]
     assert len(r0["log"]) == STEPS and r0["log"] == r1["log"]          # same frozen set every step
     assert len({len(f) for f in r0["log"]}) == 1 and len(set(r0["log"])) > 1   # 3 of 5 frozen, set changes

@@ -1,0 +1,37 @@
+"""Two spawned CPU processes over gloo (the DDP and FSDP2 tests): process-group setup in each
+worker, and the launcher that kills hung workers (a collective mismatch would hang)."""
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_worker(rank: int, world: int, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def run_two_ranks(worker, outdir, steps: int, what: str, timeout_s: float = 240) -> tuple[dict, dict]:
+    """Run `worker(rank, 2, port, outdir, steps)` in 2 processes; returns the dicts each saved as rank<r>.pt."""
+    ctx = mp.start_processes(worker, args=(2, free_port(), str(outdir), steps), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.time() + timeout_s
+    while not ctx.join(timeout=5):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{what} workers did not finish in time (a collective mismatch would hang)")
+    return tuple(torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in (0, 1))
