@@ -3,6 +3,7 @@ worker, and the launcher that kills hung workers (a collective mismatch would ha
 import os
 import socket
 import time
+import warnings
 
 import pytest
 import torch
@@ -28,10 +29,19 @@ def run_two_ranks(worker, outdir, steps: int, what: str, timeout_s: float = 240)
     ctx = mp.start_processes(worker, args=(2, free_port(), str(outdir), steps), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.time() + timeout_s
-    while not ctx.join(timeout=5):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"{what} workers did not finish in time (a collective mismatch would hang)")
+    try:
+        while not ctx.join(timeout=5):
+            if time.time() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                pytest.fail(f"{what} workers did not finish in time (a collective mismatch would hang)")
+    except mp.ProcessExitedException as exc:
+        # A worker killed by a signal after it saved its complete results died in the process group's
+        # teardown (gloo, rarely: "terminate called without an active exception"), not in the code under
+        # test; the results are still checked in full. Anything earlier leaves no file and fails here.
+        results = [os.path.join(outdir, f"rank{r}.pt") for r in (0, 1)]
+        if exc.signal_name is None or not all(os.path.isfile(f) for f in results):
+            raise
+        warnings.warn(f"{what}: a worker died at teardown after saving its results ({exc})")
     return tuple(torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in (0, 1))
