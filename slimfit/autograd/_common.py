@@ -106,10 +106,12 @@ def restore(item, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     if isinstance(item, QuantizedTensor):
         return dequantize(item, dtype)
     if isinstance(item, PrunedTensor):
-        dense = topk_restore(item)
-    else:
-        dense = item
-    return dense if dtype is None else dense.to(dtype)
+        # cast the k kept values, not the dense row: the same tensor (zeros are zeros in every dtype),
+        # without a full-size copy in the input dtype first
+        if dtype is not None and item.values.dtype != dtype:
+            item = PrunedTensor(item.values.to(dtype), item.indices, item.row_length)
+        return topk_restore(item)
+    return item if dtype is None else item.to(dtype)
 
 
 def backward_once(op: str):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import rng
-from ..kernels.api import dropout_mask, new_seed, pack_bits, seeded_dropout, unpack_bits
+from ..kernels.api import dropout_mask, pack_bits, seeded_dropout, unpack_bits
 from ..kernels.validation import check_dropout_p, check_seed
 from ._common import backward_once, check_float, load, no_autocast, save
 from .seeds import reset_side_seeds
@@ -38,8 +38,11 @@ def draw_seed():
 
 def _eager_seed() -> int:
     """A dropout seed (advances torch's generator); side seeds drawn after it count from 0 again, so
-    a checkpoint's recompute, replaying from the restored generator, draws the same side seeds."""
-    seed = new_seed()
+    a checkpoint's recompute, replaying from the restored generator, draws the same side seeds.
+
+    The value of `kernels.new_seed()`, read with tolist() rather than item(): the same int from the same
+    draw, without a second dispatched op (item() dispatches aten._local_scalar_dense)."""
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64).tolist()[0]
     reset_side_seeds()
     return seed
 
@@ -129,12 +132,12 @@ class _Dropout(torch.autograd.Function):
 
 
 def _apply_mask(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    """The formula of seeded_dropout with an explicit mask (same bits)."""
+    """The formula of seeded_dropout with an explicit mask (same bits): the Python scalars enter the fp32
+    ops as the fp32 values torch.tensor(..., dtype=float32) would hold, without ops to make those tensors."""
     if p >= 1.0:
         return torch.zeros_like(x, memory_format=torch.contiguous_format)
-    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
-    y = x.to(torch.float32) * factor
-    return torch.where(keep, y, torch.zeros((), dtype=torch.float32)).to(x.dtype)
+    y = x.to(torch.float32) * (1.0 / (1.0 - p))
+    return torch.where(keep, y, 0.0).to(x.dtype)
 
 
 def dropout(

@@ -2,7 +2,9 @@
 
 The forward is exact (`F.gelu`). Backward evaluates the exact derivative of the chosen form
 (erf, or the tanh approximation) at the dequantized input, in fp32, through PyTorch's own
-`gelu_backward`, and casts the gradient to the input dtype.
+`gelu_backward`, and casts the gradient to the input dtype. The dequantized input is the only full-size
+fp32 buffer backward makes: the gradient is written over it (elementwise, each element read before it is
+written), so an fp32 model's backward allocates one tensor, the gradient it returns.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ class _GELU(torch.autograd.Function):
     def backward(ctx, grad_out):
         (q,) = load(ctx)
         with no_autocast(ctx.device_type):
-            x = restore(q, torch.float32)
-            grad = torch.ops.aten.gelu_backward(grad_out.to(torch.float32), x, approximate=ctx.approximate)
+            x = restore(q, torch.float32)  # a fresh buffer: the gradient is written over it
+            grad = torch.ops.aten.gelu_backward.grad_input(grad_out.to(torch.float32), x, approximate=ctx.approximate,
+                                                           grad_input=x)
         return grad.to(q.dtype), None, None, None, None, None
 
 

@@ -33,6 +33,37 @@ def topk_keep(keep_ratio: float, row_length: int) -> int:
     return min(row_length, max(1, math.ceil(keep_ratio * row_length - 1e-9)))
 
 
+def _addcmul_is_layer_norm() -> bool:
+    """Whether, on this build's CPU kernels, F.layer_norm(x, w, b) equals addcmul(b, x_hat, w) bit for bit,
+    x_hat being layer_norm without affine. The fp32 kernel computes (x * rstd + (-mean * rstd)) * w + b and
+    x_hat is its first factor; whether addcmul rounds the last step as the kernel does depends on how
+    both were compiled (fused multiply-adds), so it is tried once, at import, on rows with a vectorized
+    part and a tail (tests/autograd/test_layernorm.py checks the outputs on every shape it tries)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for rows, d in ((3, 77), (2, 768), (4, 5)):
+            x = torch.randn(rows, d, generator=gen) * 2 + 0.5
+            w = torch.rand(d, generator=gen) + 0.5
+            b = torch.randn(d, generator=gen)
+            xhat = torch.native_layer_norm(x, (d,), None, None, 1e-5)[0]
+            if not torch.equal(torch.addcmul(b, xhat, w), F.layer_norm(x, (d,), w, b, 1e-5)):
+                return False
+    return True
+
+
+_ADDCMUL_IS_LAYER_NORM = _addcmul_is_layer_norm()
+
+
+def _derives_output(x: torch.Tensor, weight, bias) -> bool:
+    """Whether the output is derived from x_hat (one normalizing pass): on the CPU in fp32 with both affine
+    parameters, where addcmul(bias, x_hat, weight) is F.layer_norm's output bit for bit. Elsewhere (half
+    dtypes, whose kernels take their statistics in another order; CUDA, not checked) the output comes from
+    F.layer_norm and x_hat from a second pass."""
+    return (_ADDCMUL_IS_LAYER_NORM and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight is not None and bias is not None
+            and weight.dtype == torch.float32 and bias.dtype == torch.float32)
+
+
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, normalized_shape, eps, mode, keep_ratio, group_size, stochastic, compute_dtype,
@@ -42,11 +73,19 @@ class _LayerNorm(torch.autograd.Function):
             xc = x if compute_dtype is None else x.to(compute_dtype)
             wc = weight if compute_dtype is None else cast(weight, compute_dtype)
             bc = bias if compute_dtype is None else cast(bias, compute_dtype)
-            out = F.layer_norm(xc, normalized_shape, wc, bc, eps)
             d = math.prod(normalized_shape)
             rows = xc.numel() // d
-            x2 = xc.reshape(rows, d).to(torch.float32)
-            xhat, _, rstd = torch.native_layer_norm(x2, (d,), None, None, eps)
+            # x_hat and rstd in fp32, normalized once (same kernel, same rows as on the (rows, d) view)
+            xhat, _, rstd = torch.native_layer_norm(xc.to(torch.float32), normalized_shape, None, None, eps)
+            if _derives_output(xc, wc, bc):
+                out = torch.addcmul(bc, xhat, wc)
+            else:
+                out = F.layer_norm(xc, normalized_shape, wc, bc, eps)
+            # One normalized dimension: x_hat and rstd are kept in the input's shape (rows = every index but
+            # the last), so backward needs no reshape; several: as (rows, d) and (rows, 1).
+            flat = len(normalized_shape) == 1 and xc.dim() >= 2
+            if not flat:
+                xhat, rstd = xhat.reshape(rows, d), rstd.reshape(rows, 1)
             if mode == "int8":
                 saved = compress_quantize(xhat, 8, group_size, stochastic, check_finite)
             elif mode == "topk":
@@ -55,7 +94,7 @@ class _LayerNorm(torch.autograd.Function):
                 saved = xhat.to(xc.dtype)
         save(ctx, saved, rstd, weight if ctx.needs_input_grad[0] else None)
         ctx.device_type = device_type
-        ctx.rows, ctx.d = rows, d
+        ctx.rows, ctx.d, ctx.flat = rows, d, flat
         ctx.normalized_shape = tuple(normalized_shape)
         ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
         ctx.w_dtype = None if weight is None else weight.dtype
@@ -68,20 +107,43 @@ class _LayerNorm(torch.autograd.Function):
         saved, rstd, weight = load(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_w = grad_b = None
+        rows, d = ctx.rows, ctx.d
         with no_autocast(ctx.device_type):
-            g = grad_out.to(torch.float32).reshape(ctx.rows, ctx.d)
+            g = grad_out.to(torch.float32)
+            # In the input's shape when the rows are contiguous there: the same reductions, element for
+            # element, as on the (rows, d) view. Otherwise (a strided or expanded gradient, several
+            # normalized dimensions) on (rows, d), as reshape gives it.
+            flat = ctx.flat and g.is_contiguous()
+            if not flat:
+                g = g.reshape(rows, d)
+                if ctx.flat:
+                    rstd = rstd.reshape(rows, 1)
+            lead = tuple(range(g.dim() - 1))  # the row dimensions, reduced for dw and db
             xhat = None
             if need_x or need_w:
-                xhat = restore(saved, torch.float32).reshape(ctx.rows, ctx.d)
+                xhat = restore(saved, torch.float32)
+                if not flat and ctx.flat:
+                    xhat = xhat.reshape(rows, d)
             if need_x:
-                gw = g if weight is None else g * weight.to(torch.float32).reshape(ctx.d)
-                c1 = gw.mean(dim=1, keepdim=True)
-                c2 = (gw * xhat).mean(dim=1, keepdim=True)
-                grad_x = (rstd * (gw - c1 - xhat * c2)).view(ctx.x_shape).to(ctx.x_dtype)
+                # rstd * (gw - mean(gw) - x_hat * mean(gw * x_hat)), op for op, in buffers of its own
+                if weight is None:
+                    gw = g
+                else:
+                    w = weight.to(torch.float32)
+                    gw = g * (w if w.dim() == 1 else w.reshape(d))
+                c1 = gw.mean(dim=-1, keepdim=True)
+                t = gw * xhat
+                c2 = t.mean(dim=-1, keepdim=True)
+                t = torch.mul(xhat, c2, out=t)
+                dx = gw.sub_(c1) if gw is not g else gw - c1
+                dx = dx.sub_(t).mul_(rstd)
+                grad_x = (dx if flat else dx.view(ctx.x_shape)).to(ctx.x_dtype)
             if need_w:
-                grad_w = (g * xhat).sum(0).view(ctx.normalized_shape).to(ctx.w_dtype)
+                grad_w = (g * xhat).sum(lead)
+                grad_w = (grad_w if flat else grad_w.view(ctx.normalized_shape)).to(ctx.w_dtype)
             if need_b:
-                grad_b = g.sum(0).view(ctx.normalized_shape).to(ctx.b_dtype)
+                grad_b = g.sum(lead)
+                grad_b = (grad_b if flat else grad_b.view(ctx.normalized_shape)).to(ctx.b_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 

@@ -45,18 +45,22 @@ class _RMSNorm(torch.autograd.Function):
         device_type = x.device.type
         d = x.shape[-1]
         rows = x.numel() // d
+        # x_hat and rstd are kept in the input's shape (rows = every index but the last: the same groups,
+        # top-k rows and bytes as on the (rows, d) view), so neither pass reshapes; a 1-D input as (1, d).
+        flat = x.dim() >= 2
         with no_autocast(device_type):
             out, xhat, rstd = _forward(x, weight, eps)
-            xhat = xhat.reshape(rows, d)
+            if not flat:
+                xhat, rstd = xhat.reshape(rows, d), rstd.reshape(rows, 1)
             if mode == "int8":
                 saved = compress_quantize(xhat, 8, group_size, stochastic, check_finite)
             elif mode == "topk":
                 saved = compress_topk(xhat.to(x.dtype), topk_keep(keep_ratio, d), check_finite)
             else:
                 saved = xhat.to(x.dtype)
-        save(ctx, saved, rstd.reshape(rows, 1), weight if ctx.needs_input_grad[0] else None)
+        save(ctx, saved, rstd, weight if ctx.needs_input_grad[0] else None)
         ctx.device_type = device_type
-        ctx.rows, ctx.d = rows, d
+        ctx.rows, ctx.d, ctx.flat = rows, d, flat
         ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
         ctx.w_dtype = None if weight is None else weight.dtype
         return out
@@ -67,15 +71,28 @@ class _RMSNorm(torch.autograd.Function):
         saved, rstd, weight = load(ctx)
         need_x, need_w = ctx.needs_input_grad[:2]
         grad_x = grad_w = None
+        rows, d = ctx.rows, ctx.d
         with no_autocast(ctx.device_type):
-            g = grad_out.to(torch.float32).reshape(ctx.rows, ctx.d)
-            xhat = restore(saved, torch.float32).reshape(ctx.rows, ctx.d)
+            g = grad_out.to(torch.float32)
+            xhat = restore(saved, torch.float32)
+            # In the input's shape when the rows are contiguous there (the same reductions, element for
+            # element, as on the (rows, d) view); otherwise on (rows, d), as reshape gives it.
+            flat = ctx.flat and g.is_contiguous()
+            if not flat:
+                g = g.reshape(rows, d)
+                if ctx.flat:
+                    xhat, rstd = xhat.reshape(rows, d), rstd.reshape(rows, 1)
             if need_x:
+                # rstd * (gw - x_hat * mean(gw * x_hat)), op for op, in buffers of its own
                 gw = g if weight is None else g * weight.to(torch.float32)
-                c = (gw * xhat).mean(dim=1, keepdim=True)
-                grad_x = (rstd * (gw - xhat * c)).view(ctx.x_shape).to(ctx.x_dtype)
+                t = gw * xhat
+                c = t.mean(dim=-1, keepdim=True)
+                t = torch.mul(xhat, c, out=t)
+                dx = gw.sub_(t) if gw is not g else gw - t
+                dx = dx.mul_(rstd)
+                grad_x = (dx if flat else dx.view(ctx.x_shape)).to(ctx.x_dtype)
             if need_w:
-                grad_w = (g * xhat).sum(0).to(ctx.w_dtype)
+                grad_w = (g * xhat).sum(tuple(range(g.dim() - 1))).to(ctx.w_dtype)
         return grad_x, grad_w, None, None, None, None, None, None
 
 

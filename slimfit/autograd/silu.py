@@ -11,6 +11,9 @@
       d_gate = silu_backward(g · up~, gate~)        (gate~, up~: dequantized, fp32)
   so both gradients are exact functions of the dequantized values. up is saved only when gate
   needs a gradient (d_up needs gate alone).
+
+Backward writes its products over buffers it made itself (the dequantized inputs, silu(gate~)): the same
+ops and bits as out-of-place, fewer full-size fp32 temporaries.
 """
 from __future__ import annotations
 
@@ -39,8 +42,8 @@ class _SiLU(torch.autograd.Function):
     def backward(ctx, grad_out):
         (q,) = load(ctx)
         with no_autocast(ctx.device_type):
-            x = restore(q, torch.float32)
-            grad = torch.ops.aten.silu_backward(grad_out.to(torch.float32), x)
+            x = restore(q, torch.float32)  # a fresh buffer: the gradient is written over it
+            grad = torch.ops.aten.silu_backward.grad_input(grad_out.to(torch.float32), x, grad_input=x)
         return grad.to(q.dtype), None, None, None, None
 
 
@@ -63,13 +66,18 @@ class _SwiGLU(torch.autograd.Function):
         need_gate, need_up = ctx.needs_input_grad[:2]
         grad_gate = grad_up = None
         with no_autocast(ctx.device_type):
+            # the dequantized gate and up are fresh buffers; each product is written over its second
+            # factor (multiplication commutes bit for bit), and d_gate over g·up~. A strided g keeps the
+            # product g * up~ in its layout, as before (silu_backward's vectorized and scalar loops differ
+            # in the last bit, and the layout picks the loop)
             g = grad_out.to(torch.float32)
             gate = restore(q_gate, torch.float32)
             if need_up:
-                grad_up = (g * F.silu(gate)).to(ctx.up_dtype)
+                grad_up = F.silu(gate).mul_(g).to(ctx.up_dtype)
             if need_gate:
                 up = restore(q_up, torch.float32)
-                grad_gate = torch.ops.aten.silu_backward(g * up, gate).to(q_gate.dtype)
+                gu = up.mul_(g) if g.is_contiguous() else g * up
+                grad_gate = torch.ops.aten.silu_backward.grad_input(gu, gate, grad_input=gu).to(q_gate.dtype)
         return grad_gate, grad_up, None, None, None, None, None
 
 
