@@ -464,6 +464,15 @@ def render_md(cells, header, before=None) -> str:
         if before:
             line += f" {'-' if ob is None else f'{ob.total} ({_ratio(ob, oe or e)})'} |"
         lines.append(line)
+    missed = []
+    for model, weights, cfg, c, e, sd, ob, oe in _summary(cells, before):
+        if c.total > TARGET * e.total + 1e-9:
+            ac, ae = idx.get((model, weights, "attention core", cfg)), idx.get((model, weights, "attention core", "eager"))
+            core = f"; its attention core alone has {ac.total - ae.total:+d} ops over eager's" if ac and ae else ""
+            missed.append(f"{model} {weights} {cfg}: {c.total - int(TARGET * e.total)} ops above the target "
+                          f"({int(TARGET * e.total)}){core}")
+    if missed:
+        lines += ["", "Target missed: " + "; ".join(missed) + "."]
     for model in dict.fromkeys(c.model for c in cells):
         for weights in WEIGHTS:
             lines += ["", f"## {model}, layer weights {weights}", ""]
@@ -565,8 +574,13 @@ def main(argv=None) -> int:
               "docstring). ratio = total / eager's total; for the attention core and the layer also against "
               f"plain sdpa. Target (issue 16): at most {TARGET}x eager per patched layer. alloc = bytes of the "
               "fresh outputs of every op (fwd + bwd); saved = bytes kept for backward (parameters not counted)."]
-    cells = run(models, args.models)
     before = read_csv(args.before) if args.before else None
+    if args.before:
+        with open(args.before, newline="") as fh:
+            then = next(csv.DictReader(fh), {}).get("commit", "?")
+        header += ["", f"'before' columns: the counts of commit {then} ({os.path.relpath(args.before, ROOT)}), "
+                   "measured by this script."]
+    cells = run(models, args.models)
     md = render_md(cells, header, before)
     print()
     print(md)
