@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 _BITS = (None, 2, 4, 8)
 _LAYERNORM_SAVES = ("full", "int8", "topk")
-_PROBS = ("full", "topk", "int8", "int4")
+_PROBS = ("full", "topk", "int8", "int4", "recompute")
 _ATTENTION_PATHS = ("auto", "fused", "materialize")
 _DROPOUT = ("torch", "seed", "bitmask")
 _GROUP_SIZES = (32, 64, 128, 256)
@@ -32,7 +32,8 @@ class SlimFitConfig:
     layernorm_keep_ratio  fraction of each row kept by 'topk'
     attention           route attention through slimfit's core (Q/K/V and P compressed)
     qkv_bits            saved Q, K, V: None (full) or 8/4 bits
-    attn_probs          saved attention probabilities: 'full', 'topk', 'int8', 'int4'
+    attn_probs          saved attention probabilities: 'full', 'topk', 'int8', 'int4', or 'recompute' (nothing
+                        kept: rebuilt in backward from the saved Q/K, one more Q·Kᵀ GEMM per attention)
     attn_keep_ratio     fraction of each row of P kept by 'topk'
     attn_dropout_on_v   apply attention dropout to V instead of P (the SlimFit code's trick; changes the model)
     attention_path      'auto' (PyTorch's fused kernel with Q/K/V compressed wherever one exists and it keeps
@@ -193,28 +194,31 @@ class SlimFitConfig:
 
     @classmethod
     def paper(cls) -> "SlimFitConfig":
-        """The settings of the SlimFit research code: 4-bit GELU input, 8-bit Q/K/V, 8-bit P,
-        LayerNorm x̂ top-10% when frozen, 8-bit input of the FFN output projection. (Their
+        """The SlimFit method's compressions where they cost no accuracy: 4-bit GELU input, 8-bit
+        Q/K/V, 8-bit input of the FFN output projection, LayerNorm x̂ at 8 bits when frozen, P not
+        kept (rebuilt in backward from Q̃, K̃). Llama-family models get the same treatment: 4-bit
+        SiLU / SwiGLU inputs (as GELU's), RMSNorm x̂ as LayerNorm's. (The research code's
         fixed-point formats are replaced by per-group min/max: more accurate at equal bits.)
-        Llama-family models get the same treatment: 4-bit SiLU / SwiGLU inputs (as GELU's), RMSNorm
-        x̂ as LayerNorm's.
 
-        P is 8-bit as in that code, not top-k pruned: top-10% of P keeps ceil(0.1 * seq) entries
-        per row, and on pretrained models its gradients point elsewhere (cosine 0.42 on DINOv2
-        ViT-S at 17 tokens, 0.999 on MiniLM at seq 48; bench/results/grad_fidelity_cpu.md), which
-        cost 28 accuracy points on Fashion-MNIST (seed 0: 41.45% vs 69.75% with 8-bit P, full
-        fine-tuning 72.85%). `.replace(attn_probs="topk")` keeps it available
-        (0.4 fewer bytes per score)."""
+        Two choices differ from the research code, by measurement (bench/results/grad_fidelity_cpu.md,
+        accuracy_*_cpu.md; docs/fidelity.md):
+        * frozen LayerNorm x̂ at int8, not top-10%: top-10% turns DINOv2 ViT-S's gradient (cosine
+          0.91 vs 1.000) and cost accuracy at 500 steps (Fashion-MNIST seed 0: -4.8 points against
+          full fine-tuning, +4.0 with int8 x̂); int8 keeps ~0.4 byte per element more;
+        * P recomputed, not int8 (nor top-10%): the gradient of attention at the dequantized point,
+          3x closer to exact than int8 P on MiniLM (rel. error 1.2e-3 vs 3.4e-3), no S×S bytes at
+          all, for one more Q·Kᵀ GEMM per attention in backward. Top-10% of P cost 28 points on
+          Fashion-MNIST (`.replace(attn_probs="topk")` keeps it available)."""
         return cls(
             ffn_out_input_bits=8,
             gelu_bits=4,
             silu_bits=4,
             layernorm="full",
-            layernorm_frozen="topk",
+            layernorm_frozen="int8",
             layernorm_keep_ratio=0.1,
             attention=True,
             qkv_bits=8,
-            attn_probs="int8",
+            attn_probs="recompute",
             dropout="seed",
             lm_head_chunk_rows=256,
         )
@@ -222,10 +226,9 @@ class SlimFitConfig:
     @classmethod
     def aggressive(cls) -> "SlimFitConfig":
         """Most memory per accuracy: paper() plus 8-bit inputs of every trainable linear (3 bytes
-        saved per element) and LayerNorm x̂ at 8 bits whether the weight trains or not. Frozen x̂
-        at int8 costs ~0.4 byte per element more than paper()'s top-10%, but top-10% is what
-        turns DINOv2's gradient (cosine 0.91 vs 0.994 with int8; bench/results/grad_fidelity_cpu.md)."""
-        return cls.paper().replace(linear_input_bits=8, layernorm="int8", layernorm_frozen="int8")
+        saved per element) and LayerNorm x̂ at 8 bits also when the weight trains. Measured as
+        accurate as paper() (bench/results/accuracy_*_cpu.md) with fewer bytes."""
+        return cls.paper().replace(linear_input_bits=8, layernorm="int8")
 
     @classmethod
     def wta_crs(cls) -> "SlimFitConfig":

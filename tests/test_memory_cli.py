@@ -128,7 +128,7 @@ def test_llama_path_per_module_swiglu_rmsnorm_head_and_rope_untouched(capsys):
     rc = memory_cli.run(_args("llama-tiny", "--seq-len", "64", "--collapse-layers"))
     out = capsys.readouterr().out
     assert rc == 0
-    assert "swiglu[gate and up 4-bit]" in out and "rmsnorm[full/topk when frozen]" in out
+    assert "swiglu[gate and up 4-bit]" in out and "rmsnorm[full/int8 when frozen]" in out
     assert "causal-lm loss[chunked linear + cross-entropy" in out
     assert "rotary" not in out.split("Saved for backward")[0]  # nothing of RoPE patched or skipped
     assert "RoPE) are computed as in transformers" in out

@@ -170,9 +170,9 @@ def test_training_step_has_no_host_sync(monkeypatch, family, preset, kernels):
         "on accelerators it asserts on the device (torch._assert_async), which this CPU run cannot show"))),
 ])
 def test_frozen_layers_have_no_host_sync(monkeypatch, kernels):
-    """paper() with a frozen last layer above a trainable one: its LayerNorms save x̂ top-k pruned
-    and restore it in backward, its linears take the frozen fast path."""
-    model, inputs = _model("bert", SlimFitConfig.paper(), "cpu")
+    """paper() with frozen LayerNorm x̂ top-k pruned, a frozen last layer above a trainable one: its
+    LayerNorms save x̂ top-k pruned and restore it in backward, its linears take the frozen fast path."""
+    model, inputs = _model("bert", SlimFitConfig.paper().replace(layernorm_frozen="topk"), "cpu")
     for name, p in model.named_parameters():
         if "layer.0." not in name and "classifier" not in name:
             p.requires_grad_(False)

@@ -8,15 +8,21 @@ backward only these are kept, through `ctx.save_for_backward`:
 * Q, K, V quantized per group at `qkv_bits` (8 by default; None keeps them as they are);
 * P compressed per `probs`: 'topk' (the ceil(keep_ratio·Sk) largest entries of each row,
   values in the compute dtype plus int16 indices), 'int8' / 'int4' (per-group min/max
-  codes), or 'full';
+  codes), 'full', or 'recompute': P is not kept at all (nor anything S×S); backward
+  rebuilds it from Q̃, K̃ and the mask (the mask is the model's tensor, saved as given),
+  one more Q·Kᵀ GEMM and softmax per attention;
 * for attention dropout nothing at all: the mask is regenerated in backward from a seed
   with the counter-based generator (`slimfit.kernels.dropout_mask`).
 
-Backward uses exactly what was saved (P̃ = restored P, Q̃, K̃, Ṽ = dequantized inputs,
-D = the regenerated dropout, identity when off):
+Backward uses exactly what was saved (P̃ = restored P, or softmax(Q̃·K̃ᵀ·scale + mask) with
+'recompute'; Q̃, K̃, Ṽ = dequantized inputs, D = the regenerated dropout, identity when off):
 
     dP = D(dO·Ṽᵀ)     dS = P̃∘(dP − rowsum(dP∘P̃))     dQ = (dS·scale)·K̃
     dK = (dS·scale)ᵀ·Q̃     dV = D(P̃)ᵀ·dO
+
+With 'recompute' the backward is exactly the gradient of attention at (Q̃, K̃, Ṽ) with the
+forward's dropout mask: the same consistency as the fused path's 'recompute' backward, for
+the calls no fused kernel takes (attention dropout on the CPU).
 
 `dropout_mode='on_v'` applies the dropout to V instead of P (O = P·dropout(V)), as the
 SlimFit research code does. It is a different model (it drops value features, not
@@ -37,7 +43,7 @@ from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
 __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
 
-PROBS_MODES = ("topk", "int8", "int4", "full")
+PROBS_MODES = ("topk", "int8", "int4", "full", "recompute")
 DROPOUT_MODES = ("seed", "on_v")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PROBS_BITS = {"int8": 8, "int4": 4}
@@ -132,7 +138,9 @@ class _AttentionFn(torch.autograd.Function):
             saved_qkv = (q, k, v)
         else:
             saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check) for x in (q, k, v))
-        if probs == "full" or p.numel() == 0:
+        if probs == "recompute":
+            saved_p = None  # rebuilt in backward from Q̃, K̃ and the mask
+        elif probs == "full" or p.numel() == 0:
             saved_p = p
         elif probs == "topk":
             # P >= 0, so the largest by value are the largest by magnitude (cheaper key).
@@ -142,10 +150,12 @@ class _AttentionFn(torch.autograd.Function):
             saved_p = quantize(p32, _PROBS_BITS[probs], group_size, check_finite=check)
         del p32
         seed_tensor = seed if isinstance(seed, Tensor) else None  # compiled: saved like any tensor (8 bytes)
-        save(ctx, *saved_qkv, saved_p, seed_tensor)
+        saved_mask = attn_mask if probs == "recompute" else None
+        save(ctx, *saved_qkv, saved_p, seed_tensor, saved_mask)
 
         ctx.cdt = cdt
         ctx.scale = scale
+        ctx.is_causal = is_causal
         ctx.seed = None if seed_tensor is not None else seed
         ctx.dropout_p = dropout_p
         ctx.dropout_mode = dropout_mode
@@ -167,12 +177,15 @@ class _AttentionFn(torch.autograd.Function):
     def _backward(ctx, grad_out):
         cdt = ctx.cdt
         mdt = _math_dtype(cdt, ctx.device_type)
-        sq, sk, sv, sp, seed_tensor = load(ctx)
+        sq, sk, sv, sp, seed_tensor, mask = load(ctx)
         q = restore(sq, mdt)
         k = restore(sk, mdt)
         v = restore(sv, mdt)
-        p32 = restore(sp, torch.float32)  # no copy when P was saved in fp32
-        del sq, sk, sv, sp
+        if sp is None:  # 'recompute': P̃ of the dequantized point, consistent with Q̃, K̃
+            p32 = _probs(q, k, ctx.scale, mask, ctx.is_causal)
+        else:
+            p32 = restore(sp, torch.float32)  # no copy when P was saved in fp32
+        del sq, sk, sv, sp, mask
         p = p32.to(mdt)
         go = grad_out.to(mdt)
 
@@ -322,7 +335,8 @@ def attention(
     broadcastable to (..., Sq, Sk); is_causal: top-left aligned causal mask (as SDPA).
     dropout_p: attention dropout, applied only when `training`.
     qkv_bits: 8 (default), 4 or 2 to save Q, K, V quantized per group; None keeps them.
-    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full'.
+    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full',
+    or 'recompute' (not saved: rebuilt in backward from the saved Q, K and the mask).
     group_size: quantization group (32, 64, 128 or 256 consecutive elements).
     dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
     'on_v' (dropout on V, as the SlimFit research code; changes the model).

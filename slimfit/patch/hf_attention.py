@@ -55,7 +55,7 @@ def _saved_bytes(path: str, opts: dict, query, key, value) -> int:
     for t, h in ((query, hq), (key, heads), (value, heads)):
         n = t.numel() // t.shape[1] * h
         total += n * t.element_size() if bits is None else quantized_bytes(n, bits, g)
-    if path == "fused":
+    if path == "fused" or opts["probs"] == "recompute":
         return total
     n_p = b * hq * sq * key.shape[2]
     probs = opts["probs"]

@@ -75,7 +75,7 @@ def qerr(x, bits=8, group_size=128):
     dict(b=2, h=2, sq=7, sk=11, d=16, dv=24),  # Sq != Sk, Dv != D
     dict(b=1, h=12, sq=33, d=64),         # many heads, length not a multiple of the group
 ])
-@pytest.mark.parametrize("probs", ["topk", "int8", "int4", "full"])
+@pytest.mark.parametrize("probs", ["topk", "int8", "int4", "full", "recompute"])
 def test_forward_equals_sdpa(shape, probs):
     q, k, v = make_qkv(**shape)
     ref = sdpa_math(q, k, v)
@@ -127,7 +127,7 @@ def test_qkv_int8_grads():
         assert err <= 1.2e-2, err
 
 
-@pytest.mark.parametrize("probs, floor", [("int8", 0.999), ("int4", 0.98), ("topk", 0.99)])
+@pytest.mark.parametrize("probs, floor", [("int8", 0.999), ("int4", 0.98), ("topk", 0.99), ("recompute", 0.999)])
 @pytest.mark.parametrize("qkv_bits", [None, 8])
 def test_compressed_probs_cosine_floor(probs, floor, qkv_bits):
     q, k, v = make_qkv(logit_std=3.0)
@@ -173,7 +173,7 @@ def padding_mask(b, sk, lengths):
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("probs", ["full", "topk", "int8", "int4"])
+@pytest.mark.parametrize("probs", ["full", "topk", "int8", "int4", "recompute"])
 def test_padding_mask(kind, probs):
     q, k, v = make_qkv(b=2, h=2, sq=64, d=32)
     keep = padding_mask(2, 64, [64, 7 * 5])
@@ -183,7 +183,7 @@ def test_padding_mask(kind, probs):
     torch.testing.assert_close(o1, o0, rtol=1e-5, atol=1e-5)
     # padded keys get exactly zero gradient in every mode (P is exactly 0 there)
     assert torch.all(g1[1][1, :, 35:] == 0) and torch.all(g1[2][1, :, 35:] == 0)
-    floor = {"full": 0.9999, "int8": 0.999, "int4": 0.97, "topk": 0.97}[probs]
+    floor = {"full": 0.9999, "int8": 0.999, "int4": 0.97, "topk": 0.97, "recompute": 0.999}[probs]
     for a, b in zip(g1, g0):
         assert cos(a, b) >= floor
     if probs == "full":
@@ -216,7 +216,7 @@ def test_float_mask_gradient():
     torch.testing.assert_close(my_bias.grad, ref_bias.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("probs", ["full", "topk", "int8", "int4"])
+@pytest.mark.parametrize("probs", ["full", "topk", "int8", "int4", "recompute"])
 def test_fully_masked_rows(probs):
     q, k, v = make_qkv(b=1, h=2, sq=4, sk=6, d=8)
     keep = torch.ones(1, 1, 4, 6, dtype=torch.bool)
@@ -284,6 +284,53 @@ def test_dropout_seed_is_reproducible_with_manual_seed():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("masking", ["none", "bool", "float", "causal"])
+def test_recompute_is_the_exact_gradient_at_the_dequantized_point(masking):
+    """probs='recompute' rebuilds P from Q̃, K̃ in backward: its gradients are plain autograd's through
+    attention at (Q̃, K̃, Ṽ) with the forward's dropout mask, to fp32 rounding."""
+    b, h, s, d, p = 2, 3, 24, 16, 0.2
+    q, k, v = make_qkv(b=b, h=h, sq=s, d=d)
+    mask, kw = None, {}
+    if masking == "causal":
+        kw["is_causal"] = True
+    elif masking != "none":
+        keep = padding_mask(b, s, [s, 17])
+        mask = keep if masking == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+        kw["attn_mask"] = mask
+    torch.manual_seed(5)
+    o1, g1 = run(attention, q, k, v, dropout_p=p, qkv_bits=8, probs="recompute", group_size=64, **kw)
+    torch.manual_seed(5)
+    seed = new_seed()
+    qd, kd, vd = (dequantize(quantize(t, 8, 64)) for t in (q, k, v))
+
+    def reference(a, bb, c):
+        scores = torch.matmul(a, bb.transpose(-2, -1)) / math.sqrt(d)
+        if masking == "causal":
+            scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+        elif masking == "bool":
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif masking == "float":
+            scores = scores + mask
+        probs = torch.softmax(scores, dim=-1)
+        keep = dropout_mask(probs, p, seed)
+        return torch.matmul(torch.where(keep, probs * torch.tensor(1 / (1 - p)), 0.0), c)
+
+    o_exact, _ = run(reference, q, k, v)
+    torch.testing.assert_close(o1, o_exact, rtol=1e-5, atol=1e-5)  # the forward is the exact one
+    _, g0 = run(reference, qd, kd, vd)
+    for name, a, b_ in zip("qkv", g1, g0):
+        torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_recompute_keeps_only_qkv_and_the_mask():
+    """Nothing of size S×S is saved: Q/K/V codes plus the model's mask (shared by every layer)."""
+    q, k, v = (t.requires_grad_() for t in make_qkv(b=1, h=12, sq=128, d=64))
+    keep = padding_mask(1, 128, [100])
+    n = 12 * 128 * 64
+    got = saved_bytes(lambda: attention(q, k, v, attn_mask=keep, dropout_p=0.1, probs="recompute"))
+    assert got == 3 * (n + 8 * n // 128) + keep.numel()  # 1 byte per bool of the mask
+
+
 # ------------------------------------------------------------------ bytes saved
 
 def quant_bytes(n, bits, group_size):
@@ -292,7 +339,7 @@ def quant_bytes(n, bits, group_size):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qkv_bits", [None, 8, 4])
-@pytest.mark.parametrize("probs", ["topk", "int8", "int4", "full"])
+@pytest.mark.parametrize("probs", ["topk", "int8", "int4", "full", "recompute"])
 def test_saved_bytes_match_format(dtype, qkv_bits, probs):
     b, h, sq, sk, d = 2, 3, 20, 30, 12
     q, k, v = (t.requires_grad_() for t in make_qkv(b=b, h=h, sq=sq, sk=sk, d=d, dtype=dtype))
@@ -309,7 +356,7 @@ def test_saved_bytes_match_format(dtype, qkv_bits, probs):
         expect += rows * kk * (esz + 2)  # values in the input dtype + int16 indices
     elif probs == "full":
         expect += n_p * esz
-    else:
+    elif probs != "recompute":  # recompute: nothing of P
         expect += quant_bytes(n_p, 8 if probs == "int8" else 4, gs)
     got = saved_bytes(lambda: attention(q, k, v, qkv_bits=qkv_bits, probs=probs, group_size=gs,
                                         dropout_p=0.1))

@@ -67,17 +67,23 @@ def test_exact_leaves_swiglu_and_rmsnorm_alone(family):
 
 def test_saved_bytes_per_module_are_byte_exact():
     """All weights frozen (no linear saves anything): the MLP module keeps gate and up at 4 bits,
-    each RMSNorm top-10% of x̂ (fp32 values + int16 indices) + fp32 rstd per row; plain PyTorch keeps
+    each RMSNorm x̂ at int8 (paper()) or its top-10% (fp32 values + int16 indices), + fp32 rstd per row;
+    plain PyTorch keeps
     gate, silu(gate), up (3 full tensors) and x (twice: fp32 copy and x̂) + rstd."""
     model, inputs = build("llama")
     model.eval()  # deterministic
     plain = memory.measure(model, **inputs)
-    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attention=False, qkv_bits=None,
-                                                                                   attn_probs="full"))
+    no_attention = SlimFitConfig.paper().replace(attention=False, qkv_bits=None, attn_probs="full")
+    patched = slimfit.patch(copy.deepcopy(model), no_attention)
     _freeze_all(patched)
     inputs_embeds = patched.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()
     run = memory.measure(patched, inputs_embeds=inputs_embeds, labels=inputs["labels"])
     rows, n_inter = BATCH * SEQ, BATCH * SEQ * INTER
+    for name in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm"):
+        assert run.per_module[name] == q_bytes(rows * HIDDEN, 8) + 4 * rows
+    patched = slimfit.patch(copy.deepcopy(model), no_attention.replace(layernorm_frozen="topk"))
+    _freeze_all(patched)
+    run = memory.measure(patched, inputs_embeds=inputs_embeds, labels=inputs["labels"])
     assert run.per_module["model.layers.0.mlp"] == 2 * q_bytes(n_inter, 4)
     assert run.per_module.get("model.layers.0.mlp.act_fn", 0) == 0
     assert plain.per_module["model.layers.0.mlp"] + plain.per_module["model.layers.0.mlp.act_fn"] == 3 * n_inter * 4
