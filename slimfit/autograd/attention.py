@@ -39,6 +39,7 @@ from torch import Tensor
 from ..kernels.api import quantize, topk_prune
 from ..kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 from ._common import autocast_dtype, backward_once, load, no_autocast, restore, save
+from ..kernels.reference import apply_keep
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
 __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
@@ -91,17 +92,6 @@ def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_c
         dead = scores.amax(dim=-1, keepdim=True) == float("-inf")
         p.masked_fill_(dead, 0.0)
     return p
-
-
-def _apply_keep(x: Tensor, keep: Tensor, p: float) -> Tensor:
-    """Inverted dropout with an explicit mask: the formula of `seeded_dropout` (same bits), so
-    one regenerated mask serves both products of the backward."""
-    if p >= 1.0:
-        return torch.zeros_like(x)
-    # A CPU 0-dim tensor: read on the host by the kernel launch, no host-to-device copy.
-    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
-    y = x.to(torch.float32) * factor
-    return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
 
 
 def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -> Tensor:
@@ -193,13 +183,13 @@ class _AttentionFn(torch.autograd.Function):
         dp, mode = ctx.dropout_p, ctx.dropout_mode
         if seed is not None and mode == "seed":  # the mask is regenerated once, used twice
             keep = keep_mask(p, dp, seed)
-            grad_v = torch.matmul(_apply_keep(p, keep, dp).transpose(-2, -1), go)
-            grad_p = _apply_keep(torch.matmul(go, v.transpose(-2, -1)), keep, dp)
+            grad_v = torch.matmul(apply_keep(p, keep, dp).transpose(-2, -1), go)
+            grad_p = apply_keep(torch.matmul(go, v.transpose(-2, -1)), keep, dp)
             del keep
         elif seed is not None:  # on_v: O = P·D(V)
             keep = keep_mask(v, dp, seed)
-            grad_v = _apply_keep(torch.matmul(p.transpose(-2, -1), go), keep, dp)
-            grad_p = torch.matmul(go, _apply_keep(v, keep, dp).transpose(-2, -1))
+            grad_v = apply_keep(torch.matmul(p.transpose(-2, -1), go), keep, dp)
+            grad_p = torch.matmul(go, apply_keep(v, keep, dp).transpose(-2, -1))
             del keep
         else:
             grad_v = torch.matmul(p.transpose(-2, -1), go)

@@ -21,6 +21,7 @@ import torch
 
 from ..kernels import rng
 from ..kernels.api import dropout_mask, pack_bits, seeded_dropout, unpack_bits
+from ..kernels.reference import apply_keep
 from ..kernels.validation import check_dropout_p, check_seed
 from ._common import backward_once, check_float, load, no_autocast, save
 from .seeds import reset_side_seeds
@@ -77,10 +78,7 @@ def _traced_keep(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
 def _traced_seeded_dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     if p >= 1.0:
         return torch.zeros_like(x, memory_format=torch.contiguous_format)
-    keep = _traced_keep(x, p, seed)
-    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
-    y = x.to(torch.float32) * factor
-    return torch.where(keep, y, torch.zeros((), dtype=torch.float32, device=x.device)).to(x.dtype)
+    return apply_keep(x, _traced_keep(x, p, seed), p)
 
 
 class _TracedDropout(torch.autograd.Function):
@@ -109,7 +107,7 @@ class _Dropout(torch.autograd.Function):
         with no_autocast(x.device.type):
             if mode == "bitmask":
                 keep = dropout_mask(x, p, seed)
-                out = _apply_mask(x, keep, p)
+                out = apply_keep(x, keep, p)
                 save(ctx, pack_bits(keep))
             else:
                 out = seeded_dropout(x, p, seed)
@@ -125,19 +123,10 @@ class _Dropout(torch.autograd.Function):
         with no_autocast(ctx.device_type):
             if ctx.mode == "bitmask":
                 (packed,) = load(ctx)
-                grad = _apply_mask(grad_out, unpack_bits(packed, ctx.shape), ctx.p)
+                grad = apply_keep(grad_out, unpack_bits(packed, ctx.shape), ctx.p)
             else:
                 grad = seeded_dropout(grad_out.contiguous(), ctx.p, ctx.seed)
         return grad, None, None, None
-
-
-def _apply_mask(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    """The formula of seeded_dropout with an explicit mask (same bits): the Python scalars enter the fp32
-    ops as the fp32 values torch.tensor(..., dtype=float32) would hold, without ops to make those tensors."""
-    if p >= 1.0:
-        return torch.zeros_like(x, memory_format=torch.contiguous_format)
-    y = x.to(torch.float32) * (1.0 / (1.0 - p))
-    return torch.where(keep, y, 0.0).to(x.dtype)
 
 
 def dropout(

@@ -137,10 +137,17 @@ def dropout_mask(like: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     return (u >= p).view(like.shape)
 
 
+def apply_keep(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout with a given mask, THE formula of every dropout in slimfit: x · float32(1/(1-p))
+    in fp32 where kept, 0 elsewhere, cast back to x's dtype (all zeros for p = 1). Python scalars,
+    not tensors: the same fp32 arithmetic, no scalar tensors created."""
+    if p >= 1.0:
+        return torch.zeros_like(x, memory_format=torch.contiguous_format)
+    y = x.to(torch.float32) * (1.0 / (1.0 - p))
+    return torch.where(keep, y, 0.0).to(x.dtype)
+
+
 def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     if p >= 1.0:
         return torch.zeros_like(x, memory_format=torch.contiguous_format)
-    keep = dropout_mask(x, p, seed)
-    factor = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
-    y = x.to(torch.float32) * factor
-    return torch.where(keep, y, torch.zeros((), dtype=torch.float32)).to(x.dtype)
+    return apply_keep(x, dropout_mask(x, p, seed), p)
