@@ -23,6 +23,7 @@ Each target row is printed as met/MISSED.
 
     python bench/kernels_static.py            # table + bench/results/kernels_static_sm90.{md,csv}
     python bench/kernels_static.py --quick    # fewer variants (smoke test)
+    python bench/kernels_static.py --only topk  # some Triton kernels, printed only
 """
 from __future__ import annotations
 
@@ -130,7 +131,9 @@ def executed_instructions(sass: tuple[list[tuple[int, str]], dict[str, int]],
       left out: it runs only for operands the fast path cannot handle;
     * every other instruction weighted by the trip counts of the loops (backward branches)
       around it; loop_trips gives them in order of their start address (None: every loop
-      body counted once, for loops over a runtime bound such as a tail)."""
+      body counted once, for loops over a runtime bound such as a tail). Loops the compiler
+      unrolled are straight-line code: when fewer loops than trip counts are found and the
+      trip counts are all equal, each loop found runs that many times."""
     instrs, labels = sass
     sub_starts = [a for name, a in labels.items() if name.startswith("$")]
     end = min(sub_starts) if sub_starts else max(a for a, _ in instrs) + 16
@@ -151,6 +154,10 @@ def executed_instructions(sass: tuple[list[tuple[int, str]], dict[str, int]],
     counted = [(a, t) for a, t in body if not any(lo <= a <= hi for lo, hi in skipped)]
     if loop_trips is None:  # runtime-bounded loops (tail paths): each body counted once
         loop_trips = [1] * len(loops)
+    if len(loops) < len(loop_trips) and len(set(loop_trips)) == 1:
+        # the compiler unrolled some loops (their copies are straight-line code); the others
+        # still run the one trip count they all share
+        loop_trips = loop_trips[:len(loops)]
     if len(loops) != len(loop_trips):
         return float("nan"), f"{len(loops)} loops in the SASS, {len(loop_trips)} trip counts known"
     trips = list(zip(sorted(loops), loop_trips))
@@ -205,6 +212,8 @@ def _triton_variants(quick: bool):
     t = importlib.import_module("slimfit.kernels.triton.topk")
     b = importlib.import_module("slimfit.kernels.triton.bits")
     dr = importlib.import_module("slimfit.kernels.triton.dropout")
+    import torch
+
     big = 1 << 24  # a large tensor: launchers pick their full block sizes
 
     ptr = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
@@ -232,22 +241,29 @@ def _triton_variants(quick: bool):
                     sig=q.dequantize_signature(ptr[dt]), const=cfg.dequant_constexprs(bits, gs),
                     num_warps=cfg.num_warps, elems=cfg.elements, loops=[], target=("dequantize", bits, False),
                 )
-    rows_lengths = (197, 768) if quick else (197, 768, 2048, 8192)
-    for row in rows_lengths:
+    # top-k prune: the chunking the launcher picks for each row length; 197 (ViT-B/16 tokens),
+    # 768 (LayerNorm rows), 2048, 3000, 8192 (the longest row in one chunk), 16384 and 65536.
+    row_lengths = (197, 768) if quick else (197, 768, 2048, 3000, 8192, 16384, 65536)
+    for row in row_lengths:
+        cfg = t.tile_config(row, big // row)
         for mag in (True, False):
-            cfg = t.tile_config(row, big // row)
             yield dict(
-                kernel="topk_prune (tile)", fn=t._topk_tile_kernel,
-                variant=f"row {row} {'|x|' if mag else 'x'}",
+                kernel="topk_prune", fn=t._topk_kernel, variant=f"row {row} {'|x|' if mag else 'x'}",
                 sig=t.tile_signature("*fp32", t.topk_index_dtype(row)),
                 const=cfg.constexprs(mag), num_warps=cfg.num_warps, elems=cfg.elements(row),
-                loops=cfg.loop_trips, target=None,
+                loops=cfg.loop_trips, target=None, note=f"{cfg.n_chunks} x {cfg.block} lanes",
             )
-    yield dict(
-        kernel="topk_restore", fn=t._topk_restore_kernel, variant="fp32, int16 idx",
-        sig=t.restore_signature("*fp32", "*i16"), const={"BLOCK": t.RESTORE_BLOCK},
-        num_warps=t.RESTORE_WARPS, elems=t.RESTORE_BLOCK, loops=[], target=None,
-    )
+    for row in ((197, 768) if quick else (197, 768, 2048, 16384)):
+        k = max(1, row // 10)
+        cfg = t.restore_config(row, k, big // row)
+        idx = t.topk_index_dtype(row)
+        yield dict(
+            kernel="topk_restore", fn=t._topk_restore_kernel,
+            variant=f"row {row} k {k} fp32, {str(idx).replace('torch.', '')} idx",
+            sig=t.restore_signature("*fp32", {torch.int16: "*i16", torch.int32: "*i32"}[idx]),
+            const=cfg.constexprs(), num_warps=cfg.num_warps, elems=cfg.elements(row), loops=cfg.loop_trips,
+            target=None, note=f"{cfg.rows} row(s) per program, writes whole rows",
+        )
     yield dict(
         kernel="pack_bits", fn=b._pack_bits_kernel, variant="", sig={"mask_ptr": "*u8", "out_ptr": "*u8",
         "n_elements": "i32", "n_bytes": "i32", "BLOCK_BYTES": "constexpr"}, const={"BLOCK_BYTES": b.BLOCK_BYTES},
@@ -288,7 +304,7 @@ def _attrs(fn, sig: dict) -> dict:
     return attrs
 
 
-def compile_triton(quick: bool) -> list[Row]:
+def compile_triton(quick: bool, only: str | None = None) -> list[Row]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -297,6 +313,8 @@ def compile_triton(quick: bool) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for v in _triton_variants(quick):
+            if only and only not in v["kernel"]:
+                continue
             src = ASTSource(v["fn"], signature=v["sig"], constexprs=v["const"], attrs=_attrs(v["fn"], v["sig"]))
             k = triton.compile(src, target=target, options={"num_warps": v["num_warps"], "enable_fp_fusion": False})
             cubin = Path(d) / "k.cubin"
@@ -307,12 +325,13 @@ def compile_triton(quick: bool) -> list[Row]:
             threads = v["num_warps"] * 32
             instrs = sass_functions(cubin)[name]
             executed, note = executed_instructions(instrs, v["loops"])
+            note = "; ".join(n for n in (v.get("note", ""), note) if n)
             shared = max(use["shared"], int(k.metadata.shared))
             rows.append(Row("triton", v["kernel"], v["variant"], threads, v["elems"], use["regs"], spills,
                             use["local"], shared, executed, executed * threads / v["elems"],
                             occupancy(threads, use["regs"], shared), note))
             print(f"  triton {v['kernel']:<18} {v['variant']:<28} regs {use['regs']:>3}  spills {spills}  "
-                  f"{rows[-1].per_elem:6.1f} instr/elem", flush=True)
+                  f"{rows[-1].per_elem:6.1f} instr/elem  {note}", flush=True)
     return rows
 
 
@@ -452,7 +471,11 @@ def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) ->
     before = _load_before(before_stem)
     if before:
         lines += ["", f"Columns *before* come from `bench/results/{before_stem}.md` (the kernels before issue 16's "
-                  "rework; its CUDA counts include the tail path and both rounding modes, so they are upper bounds)."]
+                  "rework; its CUDA counts include the tail path and both rounding modes, so they are upper bounds). "
+                  "topk_prune before: the 32-pass bisection tile kernel (rows padded to a power of two; rows over "
+                  "8192 were not in that table). topk_restore is now counted per element of the output rows it "
+                  "writes whole (zeros and kept values); the old kernel scattered the kept values only (31.8 "
+                  "instructions per kept value) after a separate memset, so it has no comparable column."]
     extra_head = " regs before | instr/elem before |" if before else ""
     lines += ["", "## Kernels", "",
               "| backend | kernel | variant | threads | elems | regs | spills | instr/elem | occupancy |" + extra_head,
@@ -463,6 +486,8 @@ def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) ->
         if before:
             b = before.get((r.backend, r.kernel, r.variant)) or before.get(
                 (r.backend, r.kernel, re.sub(r" (nearest|stochastic)$", " (nearest+stochastic)", r.variant)))
+            if r.kernel == "topk_prune":  # the 32-pass bisection kernel it replaced (rows <= 8192)
+                b = before.get((r.backend, "topk_prune (tile)", r.variant))
             line += f" {b[0]} | {b[1]:.1f} |" if b else " | |"
         lines.append(line)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -478,6 +503,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", default="kernels_static_sm90_before",
                     help="stem of an earlier table under bench/results/ to show beside (if present)")
     ap.add_argument("--from-csv", action="store_true", help="re-render the .md from the existing .csv (no compile)")
+    ap.add_argument("--only", default=None, metavar="NAME",
+                    help="compile only the Triton kernels whose name contains NAME and print them (no files written)")
     args = ap.parse_args(argv)
     if args.from_csv:
         with open(RESULTS / f"{args.out}.csv") as f:
@@ -486,7 +513,9 @@ def main(argv=None) -> int:
                         float(r["occupancy"]), r["note"]) for r in csv.DictReader(f)]
     else:
         print("Triton kernels (sm_90a):")
-        rows = compile_triton(args.quick)
+        rows = compile_triton(args.quick, args.only)
+        if args.only:
+            return 0
         if not args.no_cuda:
             print("CUDA kernels (nvcc -arch=sm_90a):")
             rows += compile_cuda(args.quick)

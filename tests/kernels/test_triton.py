@@ -18,6 +18,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from slimfit.kernels import reference, rng  # noqa: E402
+from slimfit.kernels.validation import topk_index_dtype  # noqa: E402
 
 try:
     import slimfit.kernels.triton as K  # noqa: E402
@@ -225,12 +226,18 @@ def test_quantize_nan_and_inf_groups_are_non_finite():
 
 
 # ----------------------------------------------------------------------------- top-k
+def _bits(t):
+    """Floats as their bits: NaN equals NaN, -0.0 differs from +0.0."""
+    return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()]) if t.is_floating_point() else t
+
+
 def _check_topk(x, k, by_magnitude):
     got = K.topk_prune(x, k, by_magnitude)
     want = reference.topk_prune(x, k, by_magnitude)
-    _assert_same(got, want)
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    _assert_same([_bits(g) for g in got], [_bits(w) for w in want])
     row = x.shape[-1]
-    _assert_same(K.topk_restore(*got, row), reference.topk_restore(*want, row))
+    _assert_same(_bits(K.topk_restore(*got, row)), _bits(reference.topk_restore(*want, row)))
 
 
 def _ties(shape, dtype, seed=0):
@@ -260,13 +267,11 @@ def test_topk_signed_zeros_infinities_nan():
     for k in (1, 3, 5, 9):
         _check_topk(x, k, False)
         _check_topk(x, k, True)
-    # NaN sorts above +inf in torch.sort; all NaNs tie (compare bits: NaN != NaN).
+    # NaN sorts above +inf in torch.sort; all NaNs tie (values compared by their bits).
     x = torch.tensor([[1.0, float("nan"), float("inf"), -float("nan"), 2.0]], device=DEVICE)
     for by_magnitude in (False, True):
-        v, i = K.topk_prune(x, 3, by_magnitude)
-        wv, wi = reference.topk_prune(x, 3, by_magnitude)
-        _assert_same(i, wi)
-        _assert_same(v.view(torch.int32), wv.view(torch.int32))
+        for k in (1, 2, 3, 5):
+            _check_topk(x, k, by_magnitude)
 
 
 def test_topk_restore_row_length_zero_raises():
@@ -282,13 +287,67 @@ def test_topk_empty():
     _check_topk(torch.empty((3, 0), device=DEVICE), 1, False)
 
 
-def test_topk_long_row_kernel(monkeypatch):
-    # Force the chunked kernel on a short row (several chunks, a partial last one).
+def test_topk_chunked_rows(monkeypatch):
+    # Force several chunks on a short row (a partial last chunk, and an exact fit: EVEN).
     monkeypatch.setattr(topk_mod, "REGISTER_ROW_MAX", 64)
     monkeypatch.setattr(topk_mod, "CHUNK", 64)
-    x = _ties((2, 150), torch.float32, seed=11)
-    _check_topk(x, 61, True)
-    _check_topk(x, 150, False)
+    for row in (150, 128):
+        cfg = topk_mod.tile_config(row)
+        assert (cfg.block, cfg.n_chunks) == (64, triton.cdiv(row, 64))
+        x = _ties((2, row), torch.float32, seed=11)
+        _check_topk(x, 61, True)
+        _check_topk(x, row, False)
+        _check_topk(x, 1, False)
+
+
+@pytest.mark.parametrize("row, chunks", [(197, [256]), (768, [256] * 3), (2048, [2048]), (3000, [1024] * 3),
+                                         (8192, [8192]), (8193, [4096] * 3), (65536, [4096] * 16), (7, [16])])
+def test_topk_tile_config_pads_no_row_to_a_power_of_two(row, chunks):
+    cfg = topk_mod.tile_config(row, 1000)
+    assert [cfg.block] * cfg.n_chunks == chunks
+    assert cfg.num_warps == max(1, min(16, cfg.block // 256))
+    assert cfg.constexprs(True)["EVEN"] == (row == cfg.block * cfg.n_chunks)
+
+
+def _ties_nan_inf(shape, seed):
+    """Small integers (many ties), +-0.0, +-inf and NaNs of both signs, at random places."""
+    g = _gen(seed)
+    x = torch.randint(-3, 4, shape, generator=g).to(torch.float32)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), -float("nan")])
+    where = torch.rand(shape, generator=g) < 0.1
+    x[where] = specials[torch.randint(0, len(specials), (int(where.sum()),), generator=g)]
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("by_magnitude", [False, True], ids=["value", "magnitude"])
+@pytest.mark.parametrize("shape", [(3, 197), (2, 768), (2, 2048)], ids=str)
+def test_topk_model_row_lengths(shape, by_magnitude):
+    # 197 (ViT-B/16 tokens: one masked chunk of 256), 768 (3 chunks of 256), 2048 (one chunk)
+    row = shape[-1]
+    x = _ties_nan_inf(shape, seed=row)
+    for k in (1, 2, row // 10, row // 2, row - 1, row):
+        _check_topk(x, k, by_magnitude)
+    _check_topk(_randn(shape, torch.float32, seed=row), row // 10, by_magnitude)
+
+
+def test_topk_long_row_ties_nan_inf():
+    # A row longer than REGISTER_ROW_MAX: 3 chunks of CHUNK (the last one partial).
+    x = _ties_nan_inf((2, 9000), seed=13)
+    assert topk_mod.tile_config(9000).n_chunks == 3
+    for k in (1, 900, 9000):
+        _check_topk(x, k, False)
+        _check_topk(x, k, True)
+
+
+def test_topk_radix_digits_split_late():
+    # Keys equal in their top 24 bits (the first three radix passes tie) and in all 32.
+    base = torch.tensor(1.0).view(torch.int32).item()
+    words = torch.tensor([base + d for d in (5, 3, 5, 0, 255, 3, 5, 1, 255, 0)], dtype=torch.int32)
+    x = words.view(torch.float32).repeat(3, 1).to(DEVICE)
+    x[1] = -x[1]
+    for k in range(1, 11):
+        _check_topk(x, k, False)
+        _check_topk(x, k, True)
 
 
 def test_topk_int32_indices_long_row(monkeypatch):
@@ -299,6 +358,54 @@ def test_topk_int32_indices_long_row(monkeypatch):
     v, i = K.topk_prune(x, 1000, True)
     assert i.dtype == torch.int32
     _check_topk(x, 1000, True)
+
+
+@pytest.mark.parametrize("row, k, n_rows", [(197, 19, 45), (768, 76, 7), (3, 3, 1500), (5000, 500, 2),
+                                            (10, 20, 3)])
+def test_topk_restore_whole_rows(row, k, n_rows):
+    # Several rows per program (and a partial last program), one long row in chunks, and
+    # more kept entries than the row is long (duplicates; out-of-range indices are dropped).
+    cfg = topk_mod.restore_config(row, k, n_rows)
+    assert cfg.rows * max(row, k) <= max(topk_mod.RESTORE_BLOCK, max(row, k))
+    g = _gen(row)
+    values = torch.randn(n_rows, k, generator=g).to(DEVICE)
+    if k <= row:
+        idx = torch.stack([torch.randperm(row, generator=g)[:k].sort().values for _ in range(n_rows)])
+        idx = idx.to(topk_index_dtype(row)).to(DEVICE)
+        out = K.topk_restore(values, idx, row)
+        _assert_same(out, reference.topk_restore(values, idx, row))
+    else:
+        idx = torch.arange(k).repeat(n_rows, 1).to(torch.int16).to(DEVICE)   # 0..k-1: k - row dropped
+        out = K.topk_restore(values, idx, row)
+        _assert_same(out, values[:, :row])
+
+
+def test_topk_restore_writes_every_element(monkeypatch):
+    # The kernel writes zeros itself: the output buffer may hold anything before.
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        t = new_empty(self, *args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    x = _ties((6, 197), torch.float32, seed=3)
+    got = K.topk_prune(x, 20, True)
+    _assert_same(K.topk_restore(*got, 197), reference.topk_restore(*reference.topk_prune(x, 20, True), 197))
+
+
+@triton.jit
+def _row_of_kernel(offs_ptr, out_ptr, length, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(out_ptr + o, topk_mod._row_of(tl.load(offs_ptr + o), length))
+
+
+@pytest.mark.parametrize("length", [1, 3, 7, 197, 768, 1000, 4095])
+def test_row_of_is_exact(length):
+    offs = torch.arange(8192, dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(offs)
+    _row_of_kernel[(1,)](offs, out, length, BLOCK=8192)
+    assert torch.equal(out, offs // length)
 
 
 # ----------------------------------------------------------------------- bit masks
