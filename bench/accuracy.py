@@ -21,11 +21,14 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   exact@R           slimfit exact() + the freezing scheduler at rate R (what freezing alone costs)
   paper@R           slimfit paper() + scheduler at rate R (the SlimFit method)
   aggressive@R      slimfit aggressive() + scheduler at rate R
-  paper_topk@R      paper() with P pruned to its top 10% per row instead of 8-bit (paper() before
-                    it followed the SlimFit code's 8-bit P; bench/results/grad_fidelity_cpu.md)
-  wta_crs_topk@R    wta_crs@R with paper_topk's P
-  paper_ln8@R       paper() with frozen LayerNorm x̂ at 8 bits instead of top-10%
+  paper_pint8@R     paper() with P saved at int8 instead of recomputed in backward
   paper_gelu8@R     paper() with the GELU input at 8 bits instead of 4
+  paper_code@R      the SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂
+                    top-10%, P int8; rows measured before that date under the name paper@R carry this name
+  paper_code_ptopk@R  paper_code with P pruned to its top 10% per row (paper() before it took the code's
+                    8-bit P; bench/results/grad_fidelity_cpu.md); formerly paper_topk@R
+  aggressive_pint8@R  aggressive() with P int8 (aggressive() until 2026-11-23; formerly aggressive@R)
+  wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
@@ -71,8 +74,8 @@ DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
-# paper() as it was until P became 8-bit (the SlimFit code's format): P pruned to the top 10% of each row.
-PAPER_TOPK = SlimFitConfig.paper().replace(attn_probs="topk", attn_keep_ratio=0.1)
+# The SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂ top-10%, P int8.
+PAPER_CODE = SlimFitConfig.paper().replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1, attn_probs="int8")
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -95,13 +98,22 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
     return spec, None
 
 
-SCHEDULED = ("exact", "paper", "aggressive", "paper_topk", "paper_ln8", "paper_gelu8", "wta_crs", "wta_crs_topk")
-# Compression variants of paper(), one choice changed each (issue: which lossy choice costs accuracy).
+# Compression variants, one choice changed each (issue: which lossy choice costs accuracy). The presets
+# changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed); the configs measured before under
+# the preset names keep their results under the names below (CODE_RENAMES maps the old CSV names).
 VARIANTS = {
-    "paper_topk": PAPER_TOPK,
-    "paper_ln8": SlimFitConfig.paper().replace(layernorm_frozen="int8"),   # frozen LayerNorm x̂ at 8 bits, not top-10%
-    "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),             # GELU input at 8 bits, not 4
+    "paper_pint8": SlimFitConfig.paper().replace(attn_probs="int8"),
+    "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),
+    "paper_code": PAPER_CODE,
+    "paper_code_ptopk": PAPER_CODE.replace(attn_probs="topk", attn_keep_ratio=0.1),
+    "aggressive_pint8": SlimFitConfig.aggressive().replace(attn_probs="int8"),
 }
+SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
+           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm_frozen="topk", attn_probs="topk",
+                                                                 attn_keep_ratio=0.1)}
+SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
+CODE_RENAMES = {"paper": "paper_code", "paper_topk": "paper_code_ptopk", "paper_ln8": "paper_pint8",
+                "aggressive": "aggressive_pint8", "wta_crs_topk": "wta_crs_code_ptopk"}
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
@@ -141,9 +153,8 @@ def method_prepare(spec: str, steps: int = 0):
     if name in ("exact", "paper", "aggressive") or name in VARIANTS:
         config = VARIANTS.get(name, name)
         return prepare_preset(config, 0.9 if rate is None else rate, always_train, sched_kwargs, label=name), False
-    if name in ("wta_crs", "wta_crs_topk"):
-        return _prepare_sampled(0.9 if rate is None else rate, always_train,
-                                "topk" if name == "wta_crs_topk" else "int8", sched_kwargs), False
+    if name in SAMPLED:
+        return _prepare_sampled(0.9 if rate is None else rate, SAMPLED[name], always_train, sched_kwargs), False
     if name == "lora":
         return (lambda model, seed: Prepared(_lora(model), None, "LoRA r=8")), True
     if name == "paper+lora":
@@ -159,15 +170,12 @@ def method_prepare(spec: str, steps: int = 0):
     raise SystemExit(f"unknown method {spec!r}; see the docstring of bench/accuracy.py")
 
 
-def _prepare_sampled(rate: float, always_train: tuple[str, ...] = (), attn_probs: str = "int8",
-                     sched_kwargs: dict | None = None):
+def _prepare_sampled(rate: float, config, always_train: tuple[str, ...] = (), sched_kwargs: dict | None = None):
     def prepare(model, seed):
         import slimfit
         from slimfit.scheduler import ILSScheduler
 
-        if not hasattr(slimfit.SlimFitConfig, "wta_crs"):
-            raise SystemExit("wta_crs: this slimfit has no WTA-CRS patch mode")
-        slimfit.patch(model, slimfit.SlimFitConfig.wta_crs().replace(sample_ratio=SAMPLED_RATIO, attn_probs=attn_probs))
+        slimfit.patch(model, config.replace(sample_ratio=SAMPLED_RATIO))
 
         def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
             return {"sample_ids": torch.tensor(indices)}
@@ -399,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
               f"`python bench/accuracy.py --task {args.task}` with the settings of each section (rows: "
               f"bench/results/accuracy_{args.task}_{tag}.csv). Saved activations: bytes autograd keeps for one "
               f"training step on the same batch, measured after training (scheduler's final frozen set). Each "
-              f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference.")
+              f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference. Method "
+              f"names: `python bench/accuracy.py --help`; paper_code / aggressive_pint8 are paper() and "
+              f"aggressive() as they were until 2026-11-23 (frozen LayerNorm x̂ top-10% and P int8 / P int8).")
     if args.render_only:
         methods = []
     results = []

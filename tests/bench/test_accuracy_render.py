@@ -53,5 +53,5 @@ def test_parse_spec():
     assert accuracy.parse_spec("wta_crs@0.5") == ("wta_crs", 0.5, {})
     assert accuracy.parse_spec("lora") == ("lora", None, {})
     assert accuracy.parse_spec("paper+lora") == ("paper+lora", None, {})
-    assert accuracy.parse_spec("paper_ln8@0.9+head+mom+warm10+min5") == (
-        "paper_ln8", 0.9, {"head": True, "frozen_update": "momentum", "warmup_share": 0.1, "min_train_share": 0.05})
+    assert accuracy.parse_spec("paper_pint8@0.9+head+mom+warm10+min5") == (
+        "paper_pint8", 0.9, {"head": True, "frozen_update": "momentum", "warmup_share": 0.1, "min_train_share": 0.05})
