@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 import _timing  # noqa: E402
 import slimfit  # noqa: E402
-from slimfit import memory_cli as mc  # noqa: E402
+from slimfit import architectures as archs  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
 
 MiB = 2 ** 20
@@ -82,12 +82,12 @@ def bench_seq(seq: int, args, settings) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(4, CONFIG["vocab_size"], (args.batch, seq), generator=g)
     inputs = {"input_ids": ids, "labels": ids.clone()}
-    frozen, candidates = mc.scheduler_frozen_set(model, 0.9, seed=0)
+    frozen, candidates = archs.scheduler_frozen_set(model, 0.9, seed=0)
     # A scheduler may apply its first frozen set at the model's next forward (a pre-hook that outlives it):
     # let that happen now, on a throwaway forward, so that it cannot change the first measured row.
     with torch.no_grad():
         model(input_ids=ids[:, :8])
-    mc.set_frozen(model, [])
+    archs.set_frozen(model, [])
     print(f"\n== seq {seq}, batch {args.batch}: frozen {len(frozen)}/{len(candidates)} candidate layers", flush=True)
 
     def step():
@@ -98,15 +98,15 @@ def bench_seq(seq: int, args, settings) -> list[dict]:
     for method, (config, use_frozen) in METHODS.items():
         if config is not None:
             slimfit.patch(model, config)
-        mc.set_frozen(model, frozen if use_frozen else [])
+        archs.set_frozen(model, frozen if use_frozen else [])
         try:
-            run = mc.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
+            run = archs.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
             t = _timing.bench(step, "cpu", settings) if args.repeats > 0 else None
         finally:
             model.zero_grad(set_to_none=True)
             if config is not None:
                 slimfit.unpatch(model)
-            mc.set_frozen(model, [])
+            archs.set_frozen(model, [])
         attn, head = shares(run)
         rows.append({"seq": seq, "batch": args.batch, "method": method, "saved_bytes": run.total,
                      "attention_bytes": attn, "lm_head_loss_bytes": head,

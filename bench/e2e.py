@@ -45,6 +45,7 @@ import os
 import statistics
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +58,7 @@ import torch  # noqa: E402
 
 import _timing  # noqa: E402
 import slimfit  # noqa: E402
-from slimfit import memory_cli as mc  # noqa: E402
+from slimfit import architectures as archs  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
 from slimfit.demo.finetune import quiet_transformers  # noqa: E402
 
@@ -122,14 +123,14 @@ def _architectures(args):
     for key in args.models.split(","):
         key = key.strip().lower()
         if key in ("bert", "bert-base"):
-            arch, label = mc.ARCHITECTURES["bert-base"], "BERT-base"
+            arch, label = archs.ARCHITECTURES["bert-base"], "BERT-base"
         elif key in ("vit", "vit-base"):
-            arch, label = mc.ARCHITECTURES["vit-base"], "ViT-B/16"
+            arch, label = archs.ARCHITECTURES["vit-base"], "ViT-B/16"
         else:
             raise SystemExit(f"--models: unknown model {key!r} (bert, vit)")
         if args.quick:
-            arch = mc.Architecture(arch.name + "-2l", arch.task, arch.config_class, arch.model_class,
-                                   {**arch.config, "num_hidden_layers": 2}, arch.about + " (2 layers)")
+            arch = dataclasses.replace(arch, name=arch.name + "-2l", config={**arch.config, "num_hidden_layers": 2},
+                                       about=arch.about + " (2 layers)")
             label += " (2 layers)"
         out.append((label, arch))
     return out
@@ -137,7 +138,7 @@ def _architectures(args):
 
 def build_method(arch, method: Method, device: str):
     """(model to call, scheduler or None, optional per-step hook) for one method on a fresh model."""
-    model = mc.build(arch, attn_implementation=method.attn, seed=0).to(device)
+    model = archs.build(arch, attn_implementation=method.attn, seed=0).to(device)
     if method.ckpt:
         model.config.use_cache = False
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
@@ -177,7 +178,7 @@ def _autocast(dtype: str, device: str):
 
 
 def run_method(label, arch, name: str, method: Method, dtype: str, args, device: str) -> Row:
-    batch = args.batch or (128 if device.startswith("cuda") else (4 if arch.task != mc.IMAGE_CLS else 2))
+    batch = args.batch or (128 if device.startswith("cuda") else (4 if arch.task != archs.IMAGE_CLS else 2))
     versions = _timing.versions()
     row = Row(device, label, name, dtype, batch, "", "ok", device_name=_timing.device_name(device),
               torch=versions["torch"], triton=versions["triton"], date=_timing.now())
@@ -186,8 +187,8 @@ def run_method(label, arch, name: str, method: Method, dtype: str, args, device:
         torch.cuda.reset_peak_memory_stats()
     try:
         model, scheduler, on_step = build_method(arch, method, device)
-        inputs = mc.make_inputs(model, arch.task, batch, args.seq_len, None, seed=0, device=device)
-        row.shape = (f"seq {args.seq_len}" if arch.task != mc.IMAGE_CLS
+        inputs = archs.make_inputs(model, arch.task, batch, args.seq_len, None, seed=0, device=device)
+        row.shape = (f"seq {args.seq_len}" if arch.task != archs.IMAGE_CLS
                      else "x".join(str(s) for s in inputs["pixel_values"].shape[-2:]))
         params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
         row.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -220,7 +221,7 @@ def run_method(label, arch, name: str, method: Method, dtype: str, args, device:
 
 def _measure_cpu(model, inputs, step, row: Row, dtype: str, on_step, args) -> None:
     extra = on_step(row.batch) if on_step is not None else {}
-    run = mc.measure_step(model, {**inputs, **extra}, dtype=dtype, seed=0, name=row.method)
+    run = archs.measure_step(model, {**inputs, **extra}, dtype=dtype, seed=0, name=row.method)
     row.saved_mib = run.total / MiB
     step()  # warm-up (also the first optimizer step: AdamW state allocated)
     times = []
@@ -408,9 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = read_csv(base + ".csv") if (base and args.merge and os.path.exists(base + ".csv")) else []
     rows: list[Row] = []
     for label, arch in _architectures(args):
-        if arch.task == mc.IMAGE_CLS and args.quick:
-            arch = mc.Architecture(arch.name, arch.task, arch.config_class, arch.model_class,
-                                   {**arch.config, "image_size": 64}, arch.about)
+        if arch.task == archs.IMAGE_CLS and args.quick:
+            arch = dataclasses.replace(arch, config={**arch.config, "image_size": 64})
         for dtype in args.dtypes.split(","):
             print(f"\n== {label}, {dtype}, {device}", flush=True)
             for name in methods:

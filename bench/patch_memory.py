@@ -43,6 +43,7 @@ import os
 import re
 import sys
 import warnings
+import dataclasses
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,7 +56,7 @@ import torch  # noqa: E402
 
 import _timing  # noqa: E402
 import slimfit  # noqa: E402
-from slimfit import memory_cli as mc  # noqa: E402
+from slimfit import architectures as archs  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
 from slimfit.kernels import backend_info  # noqa: E402
 
@@ -92,40 +93,39 @@ class Row:
     run: object = field(default=None, repr=False)  # SavedMemory
 
 
-def model_specs(args) -> list[tuple[str, mc.Architecture, dict]]:
+def model_specs(args) -> list[tuple[str, archs.Architecture, dict]]:
     """(label, architecture, build overrides) per requested model; --quick keeps 2 layers."""
     out = []
     for key in args.models.split(","):
         key = key.strip().lower()
         if key in ("bert", "bert-base"):
-            arch = mc.ARCHITECTURES["bert-base"]
+            arch = archs.ARCHITECTURES["bert-base"]
             label = "BERT-base"
         elif key in ("vit", "vit-base"):
-            arch = mc.ARCHITECTURES["vit-base"]
+            arch = archs.ARCHITECTURES["vit-base"]
             label = "ViT-B/16"
             if args.vit_dropout is not None:
-                arch = mc.Architecture(arch.name, arch.task, arch.config_class, arch.model_class,
-                                       {**arch.config, "hidden_dropout_prob": args.vit_dropout,
-                                        "attention_probs_dropout_prob": args.vit_dropout}, arch.about)
+                arch = dataclasses.replace(arch, config={**arch.config, "hidden_dropout_prob": args.vit_dropout,
+                                                         "attention_probs_dropout_prob": args.vit_dropout})
         elif key in ("llama-tiny", "smollm", "smollm-135m"):
-            arch = mc.resolve(key)
+            arch = archs.resolve(key)
             label = "Llama-tiny" if key == "llama-tiny" else "SmolLM-135M"
         else:
             raise SystemExit(f"--models: unknown model {key!r} (bert, vit, llama-tiny, smollm)")
         if args.quick:
-            arch = mc.Architecture(arch.name + "-2l", arch.task, arch.config_class, arch.model_class,
-                                   {**arch.config, "num_hidden_layers": 2}, arch.about + " (2 layers)")
+            arch = dataclasses.replace(arch, name=arch.name + "-2l", config={**arch.config, "num_hidden_layers": 2},
+                                       about=arch.about + " (2 layers)")
             label += " (2 layers)"
         out.append((label, arch))
     return out
 
 
-def bench_model(label: str, arch: mc.Architecture, args, settings: _timing.Settings) -> tuple[list[Row], dict]:
-    model = mc.build(arch, attn_implementation="sdpa", seed=0)
-    inputs = mc.make_inputs(model, arch.task, args.batch, args.seq_len, args.image_size, seed=0)
-    shape = (f"seq {args.seq_len}" if arch.task != mc.IMAGE_CLS
+def bench_model(label: str, arch: archs.Architecture, args, settings: _timing.Settings) -> tuple[list[Row], dict]:
+    model = archs.build(arch, attn_implementation="sdpa", seed=0)
+    inputs = archs.make_inputs(model, arch.task, args.batch, args.seq_len, args.image_size, seed=0)
+    shape = (f"seq {args.seq_len}" if arch.task != archs.IMAGE_CLS
              else f"{inputs['pixel_values'].shape[-1]}x{inputs['pixel_values'].shape[-2]}")
-    frozen, candidates = mc.scheduler_frozen_set(model, args.freeze_rate, seed=0)
+    frozen, candidates = archs.scheduler_frozen_set(model, args.freeze_rate, seed=0)
     numel = {n: p.numel() for n, p in model.named_parameters()}
     share = lambda names: sum(numel[n] for n in names) / max(1, sum(numel[n] for n in candidates))  # noqa: E731
     n_params = sum(numel.values())
@@ -144,16 +144,16 @@ def bench_model(label: str, arch: mc.Architecture, args, settings: _timing.Setti
         if preset is not None:
             _, summaries[method] = slimfit.patch(model, SlimFitConfig.preset(preset), return_summary=True)
         names = frozen if use_frozen else []
-        mc.set_frozen(model, names)
+        archs.set_frozen(model, names)
         try:
-            run = mc.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
+            run = archs.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
             torch.manual_seed(1)
             t = _timing.bench(step, "cpu", settings) if args.repeats > 0 else None
         finally:
             model.zero_grad(set_to_none=True)
             if preset is not None:
                 slimfit.unpatch(model)
-            mc.set_frozen(model, [])
+            archs.set_frozen(model, [])
         rows.append(Row(label, method, shape, args.batch, 0 if use_frozen else None, len(names), len(candidates),
                         share(names), run.total, run.total / args.batch, step_ms=t.ms if t else None,
                         reps=t.reps if t else 0, run=run))
@@ -164,14 +164,14 @@ def bench_model(label: str, arch: mc.Architecture, args, settings: _timing.Setti
 
     # paper() with other seeded frozen sets (bytes only)
     for fseed in range(1, args.frozen_seeds):
-        fz, _ = mc.scheduler_frozen_set(model, args.freeze_rate, seed=fseed)
+        fz, _ = archs.scheduler_frozen_set(model, args.freeze_rate, seed=fseed)
         slimfit.patch(model, SlimFitConfig.paper())
-        mc.set_frozen(model, fz)
+        archs.set_frozen(model, fz)
         try:
-            run = mc.measure_step(model, inputs, seed=0, name="paper+frozen")
+            run = archs.measure_step(model, inputs, seed=0, name="paper+frozen")
         finally:
             slimfit.unpatch(model)
-            mc.set_frozen(model, [])
+            archs.set_frozen(model, [])
         rows.append(Row(label, "paper+frozen", shape, args.batch, fseed, len(fz), len(candidates), share(fz),
                         run.total, run.total / args.batch, run=run))
         print(f"  paper+frozen (frozen set of seed {fseed}) {run.total / args.batch / MiB:9.2f} MiB/sample", flush=True)
@@ -218,8 +218,8 @@ def _table(head, body, md, right=()):
 
 def role_table(plain: Row, paper: Row, batch: int, md: bool, top: int) -> list[str]:
     """paper() vs plain per role (layer index collapsed), largest paper() bytes first."""
-    p = mc.collapse_layers(plain.run)
-    s = mc.collapse_layers(paper.run)
+    p = archs.collapse_layers(plain.run)
+    s = archs.collapse_layers(paper.run)
     keys = sorted(set(p.per_module) | set(s.per_module),
                   key=lambda k: (-s.per_module.get(k, 0), -p.per_module.get(k, 0)))
     def red(a, b):
@@ -266,7 +266,7 @@ def top_modules(paper: Row, batch: int, md: bool, top: int) -> list[str]:
     groups: dict[tuple[str, int], list[str]] = {}
     for path, nbytes in paper.run.per_module.items():
         if nbytes:
-            groups.setdefault((mc.collapse_layers_name(path), nbytes), []).append(_indices(path))
+            groups.setdefault((archs.collapse_layers_name(path), nbytes), []).append(_indices(path))
     items = sorted(groups.items(), key=lambda kv: -kv[0][1])[:top]
     body = []
     for (role, nbytes), idx in items:

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 
 import _timing  # noqa: E402
 import slimfit  # noqa: E402
-from slimfit import memory_cli as mc  # noqa: E402
+from slimfit import architectures as archs  # noqa: E402
 from slimfit.config import SlimFitConfig  # noqa: E402
 
 ROWS = ("plain-eager", "plain-sdpa", "plain-sdpa+frozen", "paper+frozen", "aggressive+frozen")
@@ -88,11 +88,11 @@ def commit_label() -> str:
 
 
 def build(name: str, max_seq: int):
-    arch = mc.resolve(name)
+    arch = archs.resolve(name)
     positions = arch.config.get("max_position_embeddings", 512 if arch.config_class == "BertConfig" else 2048)
     if positions < max_seq:
         arch = dataclasses.replace(arch, config={**arch.config, "max_position_embeddings": max_seq})
-    return arch, mc.build(arch, attn_implementation="sdpa", seed=0)
+    return arch, archs.build(arch, attn_implementation="sdpa", seed=0)
 
 
 def _plain_step(model, inputs):
@@ -105,7 +105,7 @@ def _plain_step(model, inputs):
 def measure_row(model, inputs, retime_under: float) -> tuple[int, float, float]:
     """(saved bytes, CPU seconds, wall seconds) of one step; the faster of two steps when the first is short."""
     cpu, wall = time.process_time(), time.perf_counter()
-    run = mc.measure_step(model, inputs, seed=0)
+    run = archs.measure_step(model, inputs, seed=0)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if wall < retime_under:
         cpu2, wall2 = time.process_time(), time.perf_counter()
@@ -130,21 +130,21 @@ def _predict(history: list[tuple[int, float]], seq: int, quadratic: bool) -> flo
 def set_row(model, arch, row: str, frozen):
     """Put the model in the state of `row` (unpatched model in, possibly patched model out)."""
     model.set_attn_implementation("eager" if row == "plain-eager" else "sdpa")
-    mc.set_frozen(model, frozen if row.endswith("+frozen") else ())
+    archs.set_frozen(model, frozen if row.endswith("+frozen") else ())
     if row in SLIM_ROWS:
         slimfit.patch(model, SlimFitConfig.preset(row.split("+")[0]))
-        mc.set_frozen(model, frozen)
+        archs.set_frozen(model, frozen)
 
 
 def sweep_model(name: str, seqs, args, cells: list[Cell]) -> None:
     arch, model = build(name, max(seqs))
-    frozen, candidates = mc.scheduler_frozen_set(model, FREEZE_RATE, seed=0)
+    frozen, candidates = archs.scheduler_frozen_set(model, FREEZE_RATE, seed=0)
     print(f"\n{name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; "
           f"frozen {len(frozen)} of {len(candidates)} candidate layers", flush=True)
     bytes_hist = {row: [] for row in ROWS}
     time_hist = {row: [] for row in ROWS}
     for seq in seqs:
-        inputs = mc.make_inputs(model, arch.task, 1, seq, seed=0)
+        inputs = archs.make_inputs(model, arch.task, 1, seq, seed=0)
         for row in ROWS:
             cell = Cell(name, seq, row)
             cells.append(cell)
@@ -161,7 +161,7 @@ def sweep_model(name: str, seqs, args, cells: list[Cell]) -> None:
                 finally:
                     if row in SLIM_ROWS:
                         slimfit.unpatch(model)
-                    mc.set_frozen(model, ())
+                    archs.set_frozen(model, ())
                 bytes_hist[row].append((seq, cell.saved))
                 time_hist[row].append((seq, cell.wall_s))
             shown = (f"{cell.saved / 2**20:10.1f} MiB {cell.step_s:8.2f} s CPU {cell.wall_s:8.2f} s wall"
