@@ -15,6 +15,7 @@
 
 See docs/autograd.md for what each saves and the measured gradient errors.
 """
+from .attention import attention
 from .conv import conv
 from .dropout import dropout
 from .fused_attention import fused_attention
@@ -26,12 +27,5 @@ from .matmul import matmul
 from .rmsnorm import rms_norm
 from .silu import silu, swiglu
 
-__all__ = ["conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
+__all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
-
-try:
-    from .attention import attention  # noqa: F401  (built in parallel; optional until it lands)
-except ImportError:  # pragma: no cover
-    pass
-else:
-    __all__.append("attention")

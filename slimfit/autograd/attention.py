@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 
 from ..kernels.api import quantize, topk_prune
-from ..kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
-from ._common import autocast_dtype, backward_once, load, no_autocast, restore, save
+from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, check_same_dtype,
+                      load, no_autocast, restore, save)
 from ..kernels.reference import apply_keep
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
@@ -46,7 +46,6 @@ __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
 
 PROBS_MODES = ("topk", "int8", "int4", "full", "recompute")
 DROPOUT_MODES = ("seed", "on_v")
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PROBS_BITS = {"int8": 8, "int4": 4}
 
 
@@ -221,8 +220,7 @@ class _AttentionFn(torch.autograd.Function):
 def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
            dropout_mode, scale, autocast_on):
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"slimfit.attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_float("attention", name, t)
         if t.dim() < 2:
             raise ValueError(
                 f"slimfit.attention: {name} must be shaped (..., seq, head_dim), e.g. (B, H, S, D); "
@@ -242,16 +240,8 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio
         raise ValueError(
             f"slimfit.attention: k and v sequence lengths differ: k {tuple(k.shape)} vs v {tuple(v.shape)}"
         )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(
-                f"slimfit.attention: unsupported dtype {t.dtype} for {name}; use float32, float16 or bfloat16"
-            )
-    if not autocast_on and not (q.dtype == k.dtype == v.dtype):  # autocast casts them to one dtype
-        raise TypeError(
-            f"slimfit.attention: q, k, v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype} "
-            "(cast them, or run under torch.autocast)"
-        )
+    if not autocast_on:  # autocast casts them to one dtype
+        check_same_dtype("attention", q=q, k=k, v=v)
     if not (q.device == k.device == v.device):
         raise ValueError(
             f"slimfit.attention: q, k, v are on different devices: {q.device}, {k.device}, {v.device}"
@@ -260,14 +250,8 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio
         raise ValueError(f"slimfit.attention: probs must be one of {PROBS_MODES}, got {probs!r}")
     if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, (int, float)) or not (0.0 < keep_ratio <= 1.0):
         raise ValueError(f"slimfit.attention: keep_ratio must be in (0, 1], got {keep_ratio!r}")
-    if qkv_bits is not None and qkv_bits not in SUPPORTED_BITS:
-        raise ValueError(
-            f"slimfit.attention: qkv_bits must be one of {SUPPORTED_BITS} or None (keep full), got {qkv_bits!r}"
-        )
-    if group_size not in SUPPORTED_GROUP_SIZES:
-        raise ValueError(
-            f"slimfit.attention: group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size!r}"
-        )
+    check_bits("attention", "qkv_bits", qkv_bits, allow_none=True)
+    check_group_size("attention", group_size)
     if dropout_mode not in DROPOUT_MODES:
         raise ValueError(f"slimfit.attention: dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
     if not (0.0 <= float(dropout_p) <= 1.0):

@@ -40,13 +40,13 @@ import torch
 from torch import Tensor
 
 from ..kernels.api import quantize
-from ..kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
-from ._common import autocast_dtype, backward_once, load, no_autocast, restore, save
+from ..kernels.validation import FLOAT_DTYPES
+from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, load, no_autocast,
+                      restore, save)
 
 __all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes"]
 
 BACKWARD_MODES = ("recompute", "saved")
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _aten = torch.ops.aten
 _MEM_EFF_ALIGNMENT = 8  # elements; the efficient kernel's bias rows must start aligned (as SDPA pads)
 
@@ -71,7 +71,7 @@ def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], d
     """'cpu_flash', 'cuda_flash' or 'cuda_efficient' when a fused PyTorch kernel takes these
     inputs (PyTorch's own checks, so `torch.nn.attention.sdpa_kernel` contexts are honoured),
     else None (the caller uses the materializing path)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in _FLOAT_DTYPES:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in FLOAT_DTYPES:
         return None
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         return None
@@ -241,13 +241,9 @@ class _FusedAttentionFn(torch.autograd.Function):
 
 def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale):
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"slimfit.fused_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_float("fused_attention", name, t)
         if t.dim() != 4:
             raise ValueError(f"slimfit.fused_attention: {name} must be shaped (B, H, S, D), got {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"slimfit.fused_attention: unsupported dtype {t.dtype} for {name}; "
-                            "use float32, float16 or bfloat16")
     if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"slimfit.fused_attention: shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)} (k and v share (B, Hk, Sk); q and k share B and D)")
@@ -256,11 +252,8 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backw
                          f"{k.shape[1]} key/value heads")
     if backward not in BACKWARD_MODES:
         raise ValueError(f"slimfit.fused_attention: backward must be one of {BACKWARD_MODES}, got {backward!r}")
-    if qkv_bits is not None and (isinstance(qkv_bits, bool) or qkv_bits not in SUPPORTED_BITS):
-        raise ValueError(f"slimfit.fused_attention: qkv_bits must be one of {SUPPORTED_BITS} or None, got {qkv_bits!r}")
-    if group_size not in SUPPORTED_GROUP_SIZES:
-        raise ValueError(f"slimfit.fused_attention: group_size must be one of {SUPPORTED_GROUP_SIZES}, "
-                         f"got {group_size!r}")
+    check_bits("fused_attention", "qkv_bits", qkv_bits, allow_none=True)
+    check_group_size("fused_attention", group_size)
     if not (0.0 <= float(dropout_p) <= 1.0):
         raise ValueError(f"slimfit.fused_attention: dropout_p must be in [0, 1], got {dropout_p!r}")
     if scale is not None and not math.isfinite(float(scale)):

@@ -472,7 +472,7 @@ def test_errors_name_the_problem():
         attention(q, k, v, attn_mask=torch.ones(3, 8, dtype=torch.bool))
     with pytest.raises(ValueError, match="not both"):
         attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
-    with pytest.raises(TypeError, match="same dtype"):
+    with pytest.raises(TypeError, match="mismatched dtypes .*cast them to one dtype"):
         attention(q, k.half(), v)
     with pytest.raises(TypeError, match="unsupported dtype"):
         attention(q.double(), k.double(), v.double())
