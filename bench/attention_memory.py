@@ -1,14 +1,15 @@
 #!/usr/bin/env python
 """Saved-for-backward bytes and step time of a Llama-style decoder on the CPU, by attention path.
 
-    python bench/attention_memory.py                    # seq 256, 1024, 2048; writes
+    python -m bench.attention_memory                    # seq 256, 1024, 2048; writes
                                                         # bench/results/attention_memory_cpu.{csv,md}
-    python bench/attention_memory.py --seqs 256,1024,2048,4096 --repeats 3
-    python bench/attention_memory.py --quick            # seq 128, one timed run: a smoke check, writes nothing
+    python -m bench.attention_memory --seqs 256,1024,2048,4096 --repeats 3
+    python -m bench.attention_memory --quick            # seq 128, one timed run: a smoke check, writes nothing
 
 Model (issue 14): `LlamaForCausalLM(LlamaConfig(hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000,
-intermediate 512, as `slimfit memory llama-small`))`, randomly initialised (saved bytes do not depend on the weights' values), fp32, train
-mode, `attn_implementation="sdpa"` (the transformers default), batch 1 (--batch), labels = input ids.
+intermediate 512, as `slimfit memory llama-small`))`, randomly initialised (saved bytes do not depend on the
+weights' values), fp32, train mode, `attn_implementation="sdpa"` (the transformers default), batch 1 (--batch),
+labels = input ids.
 
 Rows (one model object; the frozen set of `ILSScheduler(model, 0.9, seed=0)` at its first step, i.e. 90%
 of the candidate layers, for every "+frozen" row):
@@ -27,24 +28,19 @@ cross-entropy); what paper() does there is whatever the tree holds when this run
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/attention_memory.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
-import os
-import sys
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):  # measure the slimfit of this tree; import _timing next to this file
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit import architectures as archs  # noqa: E402
-from slimfit.config import SlimFitConfig  # noqa: E402
+import slimfit
+from bench import _results, _timing
+from slimfit import architectures as archs
+from slimfit.config import SlimFitConfig
 
 MiB = 2 ** 20
 CONFIG = dict(vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
@@ -120,21 +116,20 @@ def bench_seq(seq: int, args, settings) -> list[dict]:
         r["ratio_vs_frozen_plain"] = round(base["saved_bytes"] / r["saved_bytes"], 3)
         r["attention_ratio_vs_frozen_plain"] = (round(base["attention_bytes"] / r["attention_bytes"], 2)
                                                 if r["attention_bytes"] else None)
-    del model
     return rows
 
 
 def table(rows: list[dict]) -> list[str]:
     head = ["seq", "method", "saved MiB", "vs plain same frozen", "attention MiB", "attention vs plain frozen",
             "LM head + loss MiB", "step ms"]
-    out = ["| " + " | ".join(head) + " |", "|---:|---|" + "---:|" * (len(head) - 2)]
+    body = []
     for r in rows:
         ar = r["attention_ratio_vs_frozen_plain"]
-        out.append("| " + " | ".join([
-            str(r["seq"]), r["method"], f"{r['saved_bytes'] / MiB:.1f}", f"{r['ratio_vs_frozen_plain']:.2f}x",
-            f"{r['attention_bytes'] / MiB:.1f}", "-" if ar is None else f"{ar:.2f}x",
-            f"{r['lm_head_loss_bytes'] / MiB:.1f}", "-" if r["step_ms"] is None else f"{r['step_ms']:,.0f}"]) + " |")
-    return out
+        body.append([str(r["seq"]), r["method"], f"{r['saved_bytes'] / MiB:.1f}", f"{r['ratio_vs_frozen_plain']:.2f}x",
+                     f"{r['attention_bytes'] / MiB:.1f}", "-" if ar is None else f"{ar:.2f}x",
+                     f"{r['lm_head_loss_bytes'] / MiB:.1f}",
+                     "-" if r["step_ms"] is None else f"{r['step_ms']:,.0f}"])
+    return _results.md_table(head, body, right=[0, *range(2, len(head))])
 
 
 def main(argv=None) -> None:
@@ -146,7 +141,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cpu-timer", choices=("wall", "process"), default="wall",
                     help="process: CPU time of the process (robust to a busy machine; use with --threads 1)")
     ap.add_argument("--quick", action="store_true", help="seq 128, one timed run; writes nothing")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_memory_cpu"))
+    ap.add_argument("--out", default=_results.results_path("attention_memory", "", "cpu"),
+                    help="path of the results without extension (.csv and .md are added)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -163,19 +159,17 @@ def main(argv=None) -> None:
     print("\n" + "\n".join(lines))
     if args.quick:
         return
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    _results.write_rows(args.out + ".csv", rows)
+    command = _results.command("attention_memory", ["--seqs", args.seqs, "--batch", args.batch, "--repeats",
+                                                    args.repeats, "--threads", torch.get_num_threads(),
+                                                    "--cpu-timer", args.cpu_timer])
     header = [
         "# Attention paths on a Llama-style decoder, CPU",
         "",
-        f"`python bench/attention_memory.py --seqs {args.seqs} --batch {args.batch} --repeats {args.repeats} "
-        f"--threads {torch.get_num_threads()} --cpu-timer {args.cpu_timer}`; "
-        f"{_timing.now()}, {_timing.cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"`{command}`; "
+        f"{_results.now()}, {_results.cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"step time as {'CPU time of the process' if args.cpu_timer == 'process' else 'wall time'}, "
-        f"load average {_timing.load_average()}.",
+        f"load average {_results.load_average()}.",
         "",
         "Model: LlamaForCausalLM, hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000, intermediate 512, fp32, "
         "sdpa, random init. Frozen set: ILSScheduler(model, 0.9, seed=0) at its first step. Bytes: saved for "
@@ -183,8 +177,7 @@ def main(argv=None) -> None:
         "modules themselves (attention op + RoPE; projections not included). Step: forward + backward, median.",
         "",
     ]
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(header + lines) + "\n")
+    _results.write_text(args.out + ".md", "\n".join(header + lines) + "\n")
     print(f"\nwrote {args.out}.csv and {args.out}.md")
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """End-to-end training steps: slimfit against what a user would pick instead.
 
-    python bench/e2e.py                    # CPU: BERT-base seq 128 (batch 4) and ViT-B/16 224 (batch 2), fp32
+    python -m bench.e2e                    # CPU: BERT-base seq 128 (batch 4) and ViT-B/16 224 (batch 2), fp32
                                            # (--dtypes fp32,bf16 adds bf16 autocast: very slow on CPUs without
                                            # bf16 units); writes bench/results/e2e_cpu.{csv,md,png}
-    python bench/e2e.py --device cuda      # GPU: batch 128, fp32 and bf16 autocast; writes bench/results/e2e_cuda.*
-    python bench/e2e.py --quick            # 2-layer models, batch 2, seq 32, one timed step: writes nothing
-    python bench/e2e.py --plot bench/results/e2e_cuda.csv   # (re)draw the PNG of a CSV (e.g. made where
+    python -m bench.e2e --device cuda      # GPU: batch 128, fp32 and bf16 autocast; writes bench/results/e2e_gpu.*
+    python -m bench.e2e --quick            # 2-layer models, batch 2, seq 32, one timed step: writes nothing
+    python -m bench.e2e --plot bench/results/e2e_gpu.csv   # (re)draw the PNG of a CSV (e.g. made where
                                                             # matplotlib is missing)
 
 Models: `BertForSequenceClassification(BertConfig())` (BERT-base) and `ViTForImageClassification(ViTConfig())`
@@ -38,29 +38,26 @@ most 1/4 of eager, step time no worse than eager, throughput at least 1.3x that 
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/e2e.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
 import contextlib
-import csv
+import dataclasses
 import os
 import statistics
 import sys
 import time
-import dataclasses
 from dataclasses import asdict, dataclass
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit import architectures as archs  # noqa: E402
-from slimfit.config import SlimFitConfig  # noqa: E402
-from slimfit.demo.finetune import quiet_transformers  # noqa: E402
+import slimfit
+from bench import _results
+from slimfit import architectures as archs
+from slimfit.config import SlimFitConfig
+from slimfit.demo.finetune import quiet_transformers
 
 MiB = 2 ** 20
 FREEZE_RATE = 0.9
@@ -179,9 +176,9 @@ def _autocast(dtype: str, device: str):
 
 def run_method(label, arch, name: str, method: Method, dtype: str, args, device: str) -> Row:
     batch = args.batch or (128 if device.startswith("cuda") else (4 if arch.task != archs.IMAGE_CLS else 2))
-    versions = _timing.versions()
-    row = Row(device, label, name, dtype, batch, "", "ok", device_name=_timing.device_name(device),
-              torch=versions["torch"], triton=versions["triton"], date=_timing.now())
+    versions = _results.versions()
+    row = Row(device, label, name, dtype, batch, "", "ok", device_name=_results.device_name(device),
+              torch=versions["torch"], triton=versions["triton"], date=_results.now())
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -266,17 +263,17 @@ def markdown(rows: list[Row], device: str) -> str:
     for (model, dtype) in dict.fromkeys((r.model, r.dtype) for r in rows):
         group = [r for r in rows if r.model == model and r.dtype == dtype]
         base = next((r for r in group if r.method == "eager" and r.status == "ok"), None)
-        lines += [f"### {model}, {group[0].shape}, batch {group[0].batch}, {dtype}", "",
-                  f"| method | {mem_head} | vs eager | step ms | vs eager | samples/s | trainable params | status |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        body = []
         for r in group:
             mem = r.peak_mib if gpu else r.saved_mib
             bmem = None if base is None else (base.peak_mib if gpu else base.saved_mib)
             ratio = "-" if (mem is None or not bmem) else f"{mem / bmem:.2f}x"
             tratio = "-" if (r.step_ms is None or base is None) else f"{r.step_ms / base.step_ms:.2f}x"
-            lines.append(f"| {r.method} | {_f(mem, ',.1f')} | {ratio} | {_f(r.step_ms, ',.0f')} | {tratio} "
-                         f"| {_f(r.throughput, '.2f')} | {r.trainable_params:,} | {r.status} |")
-        lines.append("")
+            body.append([r.method, _f(mem, ",.1f"), ratio, _f(r.step_ms, ",.0f"), tratio, _f(r.throughput, ".2f"),
+                         f"{r.trainable_params:,}", r.status])
+        head = ["method", mem_head, "vs eager", "step ms", "vs eager", "samples/s", "trainable params", "status"]
+        lines += [f"### {model}, {group[0].shape}, batch {group[0].batch}, {dtype}", ""]
+        lines += _results.md_table(head, body, right=range(1, 7)) + [""]
     return "\n".join(lines)
 
 
@@ -293,36 +290,30 @@ def targets(rows: list[Row]) -> list[str]:
                f"{p.step_ms:.1f} / {e.step_ms:.1f} ms"),
               ("paper throughput >= 1.3x grad-ckpt", p.throughput / c.throughput, p.throughput >= 1.3 * c.throughput,
                f"{p.throughput:.1f} / {c.throughput:.1f} samples/s")]
-    return [f"target {name}: {ratio:.2f} ({detail}) -> {'met' if ok else 'MISSED'}" for name, ratio, ok, detail in checks]
+    return [f"target {name}: {ratio:.2f} ({detail}) -> {'met' if ok else 'MISSED'}"
+            for name, ratio, ok, detail in checks]
 
 
 def merge_rows(old: list[Row], new: list[Row]) -> list[Row]:
-    """`old` with the rows that `new` redoes replaced in place; new (model, dtype, method) appended."""
-    key = lambda r: (r.model, r.dtype, r.method)  # noqa: E731
-    fresh = {key(r): r for r in new}
-    merged = [fresh.pop(key(r), r) for r in old]
-    merged += [r for r in new if key(r) in fresh]
+    """`old` with the rows that `new` redoes replaced in place; new (model, dtype, method) appended, then
+    grouped by (model, dtype) in order of first appearance."""
+    merged = _results.merge_rows(old, new, key=lambda r: (r.model, r.dtype, r.method))
     order = list(dict.fromkeys((r.model, r.dtype) for r in merged))
     return sorted(merged, key=lambda r: order.index((r.model, r.dtype)))
 
 
 def write_csv(rows: list[Row], path: str) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(asdict(rows[0]).keys()))
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    _results.write_rows(path, [asdict(r) for r in rows])
 
 
 def read_csv(path: str) -> list[Row]:
     rows = []
-    with open(path, newline="") as fh:
-        for d in csv.DictReader(fh):
-            for k in ("saved_mib", "peak_mib", "static_mib", "step_ms", "throughput"):
-                d[k] = float(d[k]) if d[k] not in ("", "None") else None
-            for k in ("batch", "trainable_params", "reps"):
-                d[k] = int(d[k])
-            rows.append(Row(**d))
+    for d in _results.read_rows(path):
+        for k in ("saved_mib", "peak_mib", "static_mib", "step_ms", "throughput"):
+            d[k] = float(d[k]) if d[k] not in ("", "None") else None
+        for k in ("batch", "trainable_params", "reps"):
+            d[k] = int(d[k])
+        rows.append(Row(**d))
     return rows
 
 
@@ -348,8 +339,8 @@ def plot(rows: list[Row], path: str) -> bool:
             ax.scatter(r.throughput, mem / 1024 if gpu else mem, color=color, s=36)
             ax.annotate(r.method, (r.throughput, mem / 1024 if gpu else mem), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
-        ax.set_title(f"{model}, {dtype}, batch {rows[0].batch if len(groups) == 1 else next(r.batch for r in rows if r.model == model)}",
-                     fontsize=9)
+        batch = next(r.batch for r in rows if r.model == model)
+        ax.set_title(f"{model}, {dtype}, batch {batch}", fontsize=9)
         ax.set_xlabel("throughput (samples/s)")
         ax.set_ylabel("peak memory (GiB)" if gpu else "saved activations (MiB/step)")
         ax.grid(alpha=0.3)
@@ -363,6 +354,28 @@ def plot(rows: list[Row], path: str) -> bool:
 
 
 # ------------------------------------------------------------------ main
+def _methods(spec: str) -> list[str]:
+    methods = [m.strip() for m in spec.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if "slimfit-wta_crs" in methods and not sampling_available():
+        print("slimfit-wta_crs skipped: this slimfit's SlimFitConfig has no linear_sampling")
+        methods.remove("slimfit-wta_crs")
+    return methods
+
+
+def _header(rows: list[Row], device: str) -> str:
+    v = _results.versions()
+    gpu = device.startswith("cuda")
+    memory = ("torch.cuda.max_memory_allocated (total)" if gpu else
+              "saved activation bytes of one step (saved-tensor hooks)")
+    return (f"# End-to-end training step ({rows[0].device_name})\n\n"
+            f"torch {v['torch']}, triton {v['triton']}, {_results.now()}, load average {_results.load_average()}; "
+            f"`{_results.command('e2e', ['--device', 'cuda' if gpu else 'cpu'])}`. "
+            f"Slimfit rows freeze with ILSScheduler(freeze_rate={FREEZE_RATE}). Memory: {memory}.\n\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -394,18 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         args.dtypes = "fp32,bf16" if device.startswith("cuda") else "fp32"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    if "slimfit-wta_crs" in methods and not sampling_available():
-        print("slimfit-wta_crs skipped: this slimfit's SlimFitConfig has no linear_sampling")
-        methods.remove("slimfit-wta_crs")
+    methods = _methods(args.methods)
     quiet_transformers()
 
-    out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
-    tag = "cuda" if device.startswith("cuda") else "cpu"
-    base = os.path.join(out_dir, f"e2e_{tag}") if out_dir else None
+    write = args.out_dir is not None or not args.quick
+    base = _results.results_path("e2e", "", device, args.out_dir) if write else None
     previous = read_csv(base + ".csv") if (base and args.merge and os.path.exists(base + ".csv")) else []
     rows: list[Row] = []
     for label, arch in _architectures(args):
@@ -421,7 +427,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:<20} {r.status:<4} {mem}  step {_f(r.step_ms, '8,.0f')} ms  "
                       f"{_f(r.throughput, '8.2f')} samples/s", flush=True)
                 if base:  # after every row: an interrupted run keeps what it measured
-                    os.makedirs(out_dir, exist_ok=True)
                     write_csv(merge_rows(previous, rows), base + ".csv")
     all_rows = merge_rows(previous, rows)
     text = markdown(all_rows, device)
@@ -430,13 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in notes:
         print(line)
     if base:
-        v = _timing.versions()
-        header = (f"# End-to-end training step ({all_rows[0].device_name})\n\n"
-                  f"torch {v['torch']}, triton {v['triton']}, {_timing.now()}, load average {_timing.load_average()}; "
-                  f"`python bench/e2e.py --device {tag}`. Slimfit rows freeze with ILSScheduler(freeze_rate="
-                  f"{FREEZE_RATE}). Memory: {'torch.cuda.max_memory_allocated (total)' if tag == 'cuda' else 'saved activation bytes of one step (saved-tensor hooks)'}.\n\n")
-        with open(base + ".md", "w") as fh:
-            fh.write(header + text + ("\n" + "\n".join(notes) + "\n" if notes else ""))
+        _results.write_text(base + ".md", _header(all_rows, device) + text
+                            + ("\n" + "\n".join(notes) + "\n" if notes else ""))
         plot(all_rows, base + ".png")
         print(f"wrote {base}.csv, .md, .png")
     return 0

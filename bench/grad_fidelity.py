@@ -3,8 +3,8 @@
 ones, on the pretrained models of bench/accuracy.py and one real batch: MiniLM-L6 on Rotten
 Tomatoes (seq <= 48) and DINOv2 ViT-S/14 on Fashion-MNIST (56x56, 17 tokens).
 
-    python bench/grad_fidelity.py                   # both models, seeds 0,1,2
-    python bench/grad_fidelity.py --models dinov2 --seeds 0
+    python -m bench.grad_fidelity                   # both models, seeds 0,1,2
+    python -m bench.grad_fidelity --models dinov2 --seeds 0
 
 For each seed the freezing scheduler (rate 0.9) picks the trained set; every config then runs
 one forward/backward on the same batch with that set (eval mode: no dropout, so the only
@@ -17,25 +17,21 @@ separates "compression is too lossy for this model" from "freezing needs more st
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/grad_fidelity.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
-import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit import SlimFitConfig  # noqa: E402
-from slimfit.scheduler import ILSScheduler  # noqa: E402
-from slimfit.demo.finetune import quiet_transformers  # noqa: E402
+import slimfit
+from bench import _results
+from slimfit import SlimFitConfig
+from slimfit.demo.finetune import quiet_transformers
+from slimfit.scheduler import ILSScheduler
 
 EXACT = SlimFitConfig.exact()
 # Eval mode has no attention dropout, so 'auto' would take PyTorch's fused kernel (P recomputed from
@@ -130,13 +126,23 @@ def compare(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple
     return cos, rel, worst
 
 
+def median_rows(rows: list[dict], model: str) -> list[list[str]]:
+    """Per config of CONFIGS: the medians over seeds of the CSV rows of `model`, as table cells."""
+    out = []
+    for name in CONFIGS:
+        rs = [r for r in rows if r["model"] == model and r["config"] == name]
+        med = {k: statistics.median(float(r[k]) for r in rs) for k in ("cos", "rel_err", "worst_tensor_cos")}
+        out.append([name, f"{med['cos']:.4f}", f"{med['rel_err']:.3g}", f"{med['worst_tensor_cos']:.3f}"])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="minilm,dinov2")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rate", type=float, default=0.9)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--out-dir", default=None, help="default bench/results")
     args = p.parse_args(argv)
     quiet_transformers()
     rows = []
@@ -151,29 +157,20 @@ def main(argv=None) -> int:
                              "worst_tensor_cos": f"{worst:.4f}", "trained_tensors": len(ref)})
                 print(f"{key:7s} seed {seed} {name:56s} cos {cos:.5f}  rel {rel:.3g}  worst tensor cos {worst:.4f}",
                       flush=True)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "grad_fidelity_cpu.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    versions = _timing.versions()
+    _results.write_rows(_results.results_path("grad_fidelity", "csv", "cpu", args.out_dir), rows)
+    versions = _results.versions()
     lines = ["# Gradient fidelity on pretrained models (one real batch)", "",
              f"Batch {args.batch_size}, scheduler rate {args.rate} (its first trained set per seed), eval mode, "
-             f"fp32, torch {versions['torch']}; `python bench/grad_fidelity.py`. Median over seeds "
+             f"fp32, torch {versions['torch']}; `{_results.command('grad_fidelity', [])}`. Median over seeds "
              f"{args.seeds} of: cosine and relative error of all trainable gradients vs exact(), worst per-tensor "
              f"cosine (tensors with at least 1e-3 of the largest tensor's gradient norm). Rows with P and the "
              f"paper()/aggressive() rows force slimfit's materializing attention core (attention_path='materialize': "
              f"the path of a CPU training step with attention dropout); 'fused path' rows let 'auto' take PyTorch's "
              f"fused kernel (eval mode has no dropout).", ""]
     for key in args.models.split(","):
-        lines += [f"## {MODELS[key][0]}", "", "| config | cos | rel err | worst tensor cos |", "|---|---:|---:|---:|"]
-        for name in CONFIGS:
-            rs = [r for r in rows if r["model"] == key and r["config"] == name]
-            med = {k: statistics.median(float(r[k]) for r in rs) for k in ("cos", "rel_err", "worst_tensor_cos")}
-            lines.append(f"| {name} | {med['cos']:.4f} | {med['rel_err']:.3g} | {med['worst_tensor_cos']:.3f} |")
-        lines.append("")
-    with open(os.path.join(args.out_dir, "grad_fidelity_cpu.md"), "w") as fh:
-        fh.write("\n".join(lines))
+        lines += [f"## {MODELS[key][0]}", ""] + _results.md_table(
+            ["config", "cos", "rel err", "worst tensor cos"], median_rows(rows, key), right=(1, 2, 3)) + [""]
+    _results.write_text(_results.results_path("grad_fidelity", "md", "cpu", args.out_dir), "\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -3,10 +3,10 @@
 the CPU and (when there is one) the GPU, against the reference and against a plain
 copy of the same number of bytes measured in the same run.
 
-    python bench/kernels.py                      # full run; writes bench/results/kernels_<device>.{csv,md}
-    python bench/kernels.py --device cuda        # only the GPU (keeps the committed CPU table)
-    python bench/kernels.py --quick              # smoke test: small sizes, nothing written
-    python bench/kernels.py --ops quantize,dequantize --numel 8M --dtype bf16
+    python -m bench.kernels                      # full run; writes bench/results/kernels_<cpu|gpu>.{csv,md}
+    python -m bench.kernels --device cuda        # only the GPU (keeps the committed CPU table)
+    python -m bench.kernels --quick              # smoke test: small sizes, nothing written
+    python -m bench.kernels --ops quantize,dequantize --numel 8M --dtype bf16
 
 Backends
   CPU   reference  slimfit.kernels.reference.<op>, called directly
@@ -29,29 +29,24 @@ Columns
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/kernels.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
 import dataclasses
 import importlib
 import math
 import os
-import shlex
 import sys
 from dataclasses import dataclass, fields
 from typing import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-# Measure the slimfit of this tree (and import the timing helpers next to this file).
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-from slimfit.kernels import backend_info, reference  # noqa: E402
-from slimfit.kernels.validation import num_groups, packed_code_bytes, topk_index_dtype  # noqa: E402
+from bench import _results, _timing
+from slimfit.kernels import backend_info, reference
+from slimfit.kernels.validation import num_groups, packed_code_bytes, topk_index_dtype
 
 OPS = (
     "quantize", "dequantize", "topk_prune", "topk_restore",
@@ -67,7 +62,7 @@ DROPOUT_P = 0.1
 SEED = 12345
 DEFAULT_NUMEL = {"cuda": 32 << 20, "cpu": 4 << 20}
 QUICK_NUMEL = 1 << 16
-RESULTS_DIR = os.path.join(HERE, "results")
+RESULTS_DIR = _results.RESULTS_DIR  # where a full run writes by default
 
 TARGETS_TEXT = {
     "cpu": "C++ kernels at least 3x faster than the reference.",
@@ -258,9 +253,9 @@ def copy_gbps(device, nbytes: int, settings: _timing.Settings) -> float:
 
 
 def run_device(device, ops, numel: int, dtypes, settings: _timing.Settings, log=print) -> tuple[list[Row], list[str]]:
-    vers = _timing.versions()
-    dev_name = _timing.device_name(device)
-    stamp = _timing.now()
+    vers = _results.versions()
+    dev_name = _results.device_name(device)
+    stamp = _results.now()
     backends, notes = backends_for(device)
     log(f"[{device.type}] {dev_name}: building inputs ({numel:,} elements)...")
     cases = build_cases(ops, numel, dtypes, device)
@@ -270,7 +265,7 @@ def run_device(device, ops, numel: int, dtypes, settings: _timing.Settings, log=
     for case in cases:
         ref_out, ref_ms = None, None
         copy_bw = copy_gbps(device, case.nbytes, settings)
-        load = _timing.load_average()
+        load = _results.load_average()
         for _label, resolve in backends:
             got = resolve(case.op)
             if got is None:
@@ -313,6 +308,12 @@ def run_device(device, ops, numel: int, dtypes, settings: _timing.Settings, log=
             log(f"  {case.op:<15} {case.config:<26} {case.dtype:<5} {bname:<10} {t.ms:10.3f} ms "
                 f"{gbps:8.2f} GB/s {row.pct_copy:6.1f}% copy  {_fmt_x(row.speedup_vs_ref):>8} {match}")
         del ref_out
+    return rows, notes + _run_notes(backends, ops, rows)
+
+
+def _run_notes(backends, ops, rows: list[Row]) -> list[str]:
+    """Ops a backend has no kernel for, outputs that differ from the reference, failures."""
+    notes = []
     missing: dict[str, list[str]] = {}
     for label, resolve in backends[1:]:
         for op in ops:
@@ -324,10 +325,8 @@ def run_device(device, ops, numel: int, dtypes, settings: _timing.Settings, log=
     if diff:
         notes.append("output differs from the reference (a kernel bug, or a spec change): "
                      + "; ".join(f"{r.op} {r.config} {r.dtype} {r.backend}" for r in diff) + ".")
-    for r in rows:
-        if r.error:
-            notes.append(f"{r.op} {r.config} {r.dtype} {r.backend} failed: {r.error}")
-    return rows, notes
+    notes += [f"{r.op} {r.config} {r.dtype} {r.backend} failed: {r.error}" for r in rows if r.error]
+    return notes
 
 
 # ------------------------------------------------------------------ reporting
@@ -345,24 +344,15 @@ def _cells(r: Row) -> list[str]:
             f"{r.copy_gbps:.1f}", _fmt_x(r.speedup_vs_ref), r.match]
 
 
+NUMERIC = (4, 5, 6, 7, 8)
+
+
 def text_table(rows: list[Row]) -> str:
-    body = [list(COLUMNS)] + [_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in body) for i in range(len(COLUMNS))]
-    numeric = {4, 5, 6, 7, 8}
-    out = []
-    for j, line in enumerate(body):
-        out.append("  ".join(c.rjust(w) if i in numeric else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(line, widths))).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return "\n".join(_results.text_table(COLUMNS, [_cells(r) for r in rows], right=NUMERIC))
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |",
-             "|" + "|".join("---:" if i in (4, 5, 6, 7, 8) else "---" for i in range(len(COLUMNS))) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(_results.md_table(COLUMNS, [_cells(r) for r in rows], right=NUMERIC))
 
 
 def _below(items: list[str], limit: int = 8) -> list[str]:
@@ -429,30 +419,29 @@ def _human(n: int) -> str:
     return f"{n:,}"
 
 
+def _csv_row(r: Row) -> dict:
+    d = dataclasses.asdict(r)
+    for k in ("ms", "gbps", "copy_gbps", "pct_copy", "speedup_vs_ref"):
+        if d[k] is not None:
+            d[k] = f"{d[k]:.6g}"
+    return d
+
+
 def write_results(out_dir: str, device, rows: list[Row], notes: list[str], targets: list[str],
                   numel: int, dtypes, command: str) -> tuple[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    csv_path = os.path.join(out_dir, f"kernels_{device.type}.csv")
-    md_path = os.path.join(out_dir, f"kernels_{device.type}.md")
-    names = [f.name for f in fields(Row)]
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=names)
-        w.writeheader()
-        for r in rows:
-            d = {k: getattr(r, k) for k in names}
-            for k in ("ms", "gbps", "copy_gbps", "pct_copy", "speedup_vs_ref"):
-                if d[k] is not None:
-                    d[k] = f"{d[k]:.6g}"
-            w.writerow(d)
-    vers = _timing.versions()
+    """kernels_<cpu|gpu>.{csv,md} in out_dir."""
+    csv_path = _results.results_path("kernels", "csv", device, out_dir)
+    md_path = _results.results_path("kernels", "md", device, out_dir)
+    _results.write_rows(csv_path, [_csv_row(r) for r in rows], [f.name for f in fields(Row)])
+    vers = _results.versions()
     first = rows[0] if rows else None
     what = "GPU" if device.type == "cuda" else "CPU"
     lines = [
         f"# slimfit kernel benchmark: {device.type.upper()}",
         "",
-        f"- Device: `{device.type}`, {what}: {first.device_name if first else _timing.device_name(device)}",
+        f"- Device: `{device.type}`, {what}: {first.device_name if first else _results.device_name(device)}",
         f"- Versions: torch {vers['torch']}, triton {vers['triton']}, CUDA {vers['cuda']}, Python {vers['python']}",
-        f"- Date: {first.date if first else _timing.now()}",
+        f"- Date: {first.date if first else _results.now()}",
         f"- Size: {numel:,} elements ({_human(numel)}), dtypes {', '.join(dtypes)}; quantize group size "
         f"{GROUP_SIZE}; top-k keeps {TOPK_KEEP:.0%} of each row by magnitude; dropout p={DROPOUT_P}",
         f"- Load: 1-minute load average {_load_range(rows)} during the run on {os.cpu_count()} logical "
@@ -470,8 +459,7 @@ def write_results(out_dir: str, device, rows: list[Row], notes: list[str], targe
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     lines += ["", "## Results", "", markdown_table(rows), ""]
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines))
+    _results.write_text(md_path, "\n".join(lines))
     return csv_path, md_path
 
 
@@ -509,7 +497,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="small sizes and few repetitions: a smoke test, not numbers")
     p.add_argument("--out-dir", default=None,
-                   help="where to write kernels_<device>.{csv,md} (default bench/results for a full run; "
+                   help="where to write kernels_<cpu|gpu>.{csv,md} (default bench/results for a full run; "
                         "--quick and --ops runs write nothing unless this is given)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU run")
     p.add_argument("--cpu-timer", choices=("wall", "process"), default="wall",
@@ -535,7 +523,7 @@ def main(argv=None) -> list[Row]:
             devices.append(torch.device("cuda", torch.cuda.current_device()))
         elif args.device == "cuda":
             raise SystemExit("bench/kernels.py: --device cuda but torch.cuda.is_available() is False")
-    command = "python bench/kernels.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = _results.command("kernels", argv)
     all_rows: list[Row] = []
     for device in devices:
         numel = args.numel or (QUICK_NUMEL if args.quick else DEFAULT_NUMEL[device.type])
@@ -546,8 +534,8 @@ def main(argv=None) -> list[Row]:
                             "jobs on a shared machine, and equal to the wall time of an idle machine only "
                             f"with one thread (this run: {torch.get_num_threads()}).")
         targets = check_targets(device, rows, numel)
-        vers = _timing.versions()
-        print(f"\n== {device.type}: {_timing.device_name(device)} | torch {vers['torch']} | "
+        vers = _results.versions()
+        print(f"\n== {device.type}: {_results.device_name(device)} | torch {vers['torch']} | "
               f"triton {vers['triton']} | {numel:,} elements ({_human(numel)}) | median ms | "
               f"load {_load_range(rows)} on {os.cpu_count()} CPUs ==")
         print(text_table(rows))
@@ -557,7 +545,7 @@ def main(argv=None) -> list[Row]:
         for n in notes:
             print(f"  note: {n}")
         if out_dir:
-            paths = write_results(out_dir, device, rows, notes, targets, numel, args.dtype, command.strip())
+            paths = write_results(out_dir, device, rows, notes, targets, numel, args.dtype, command)
             print("  wrote " + ", ".join(_show_path(p) for p in paths))
         else:
             print("  results not written (--quick/--ops run); pass --out-dir DIR to write them")

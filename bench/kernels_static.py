@@ -21,11 +21,15 @@ Targets (issue 16): no spills anywhere; quantize/dequantize at most 64 registers
 quantize/dequantize at most 20 instructions per element; full occupancy for the CUDA kernels.
 Each target row is printed as met/MISSED.
 
-    python bench/kernels_static.py            # table + bench/results/kernels_static_sm90.{md,csv}
-    python bench/kernels_static.py --quick    # fewer variants (smoke test)
-    python bench/kernels_static.py --only topk  # some Triton kernels, printed only
+    python -m bench.kernels_static            # table + bench/results/kernels_static_sm90.{md,csv}
+    python -m bench.kernels_static --quick    # fewer variants (smoke test)
+    python -m bench.kernels_static --only topk  # some Triton kernels, printed only
 """
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # file form: python bench/kernels_static.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
 
 import argparse
 import csv
@@ -36,13 +40,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+from bench import _results
+
+ROOT = Path(_results.ROOT)
+RESULTS = Path(_results.RESULTS_DIR)
 
 # H100 SXM (sm_90) per-SM limits.
 SM_WARPS, SM_REGS, SM_BLOCKS, SM_SMEM, SMEM_RESERVED = 64, 65536, 32, 228 * 1024, 1024
@@ -356,17 +360,18 @@ def _cuda_stub(quick: bool) -> tuple[str, list[dict]]:
             v_per_thread = v_quant
             for bits in (2, 4, 8):
                 for stoch in ("false", "true"):
-                    lines.append(f"template __global__ void quantize_kernel<{kind},{gs},{bits},{stoch}>(const {ctype}*, "
-                                 "int64_t, int64_t, uint8_t*, float*, float*, cuda_rng::Keys, bool);")
-                    meta.append(dict(kernel="quantize",
-                                     variant=f"{dt} g{gs} {bits}-bit {'stochastic' if stoch == 'true' else 'nearest'}",
-                                     mangled=f"quantize_kernelILi{kind}ELi{gs}ELi{bits}ELb{1 if stoch == 'true' else 0}E",
+                    lines.append(f"template __global__ void quantize_kernel<{kind},{gs},{bits},{stoch}>("
+                                 f"const {ctype}*, int64_t, int64_t, uint8_t*, float*, float*, cuda_rng::Keys, bool);")
+                    rounding = "stochastic" if stoch == "true" else "nearest"
+                    meta.append(dict(kernel="quantize", variant=f"{dt} g{gs} {bits}-bit {rounding}",
+                                     mangled=f"quantize_kernelILi{kind}ELi{gs}ELi{bits}ELb{int(stoch == 'true')}E",
                                      per_thread=v_per_thread, target=("quantize", bits, stoch == "true")))
         for bits in (2, 4, 8):
             lines.append(f"template __global__ void dequantize_kernel<{kind},{bits}>(const uint8_t*, const float*, "
                          f"const float*, {ctype}*, int64_t, int, bool);")
-            meta.append(dict(kernel="dequantize", variant=f"-> {dt} {bits}-bit", mangled=f"dequantize_kernelILi{kind}ELi{bits}E",
-                             per_thread=vec, target=("dequantize", bits, False)))
+            meta.append(dict(kernel="dequantize", variant=f"-> {dt} {bits}-bit",
+                             mangled=f"dequantize_kernelILi{kind}ELi{bits}E", per_thread=vec,
+                             target=("dequantize", bits, False)))
     lines.append("}}")
     return "\n".join(lines) + "\n", meta
 
@@ -378,13 +383,14 @@ def compile_cuda(quick: bool) -> list[Row]:
         return []
     src, meta = _cuda_stub(quick)
     block = int(re.search(r"kBlock = (\d+)", (ROOT / "csrc/cuda/quantize_kernels.cuh").read_text()).group(1))
+
     def build(d: str, defines: list[str]):
         stub = Path(d) / "stub.cu"
         stub.write_text(src)
         cubin = Path(d) / f"stub{len(defines)}.cubin"
+        includes = [f"-I{ROOT / 'csrc' / 'cuda'}", f"-I{ROOT / 'csrc'}"]
         out = subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-O3", "--fmad=false", "--resource-usage", "-std=c++17",
-                              *defines, f"-I{ROOT / 'csrc' / 'cuda'}", f"-I{ROOT / 'csrc'}", "-o", str(cubin), str(stub)],
-                             capture_output=True, text=True)
+                              *defines, *includes, "-o", str(cubin), str(stub)], capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"kernels_static: nvcc failed:\n{out.stderr[-4000:]}")
         return _parse_spills(out.stdout + out.stderr), resource_usage(cubin), sass_functions(cubin)
@@ -442,14 +448,11 @@ def _load_before(stem: str | None) -> dict:
 
 
 def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
     cols = ["backend", "kernel", "variant", "threads", "elems", "regs", "spills", "local", "shared", "instr",
             "per_elem", "occupancy", "note"]
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([getattr(r, c) if not isinstance(getattr(r, c), float) else f"{getattr(r, c):.3f}" for c in cols])
+    _results.write_rows(str(RESULTS / f"{stem}.csv"),
+                        [[f"{v:.3f}" if isinstance(v, float) else v for v in (getattr(r, c) for c in cols)]
+                         for r in rows], cols)
     import triton
 
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] \
@@ -457,7 +460,7 @@ def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) ->
     lines = [
         "# Static kernel table, sm_90a (H100), no GPU needed",
         "",
-        f"Produced by `python bench/kernels_static.py` (triton {triton.__version__}, {nvcc}). Registers from "
+        f"Produced by `{_results.command('kernels_static', [])}` (triton {triton.__version__}, {nvcc}). Registers from "
         "cuobjdump, spills from ptxas -v, SASS from nvdisasm; instr/elem = instructions a thread executes on the "
         "main path x threads per program / elements per program (CUDA: the steady state, tail path compiled "
         "out); occupancy = theoretical, H100 SXM limits. See the module docstring for the method.",
@@ -490,7 +493,7 @@ def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) ->
                 b = before.get((r.backend, "topk_prune (tile)", r.variant))
             line += f" {b[0]} | {b[1]:.1f} |" if b else " | |"
         lines.append(line)
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    _results.write_text(str(RESULTS / f"{stem}.md"), "\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:

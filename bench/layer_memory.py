@@ -1,7 +1,7 @@
 """Saved-activation bytes, step time and gradient error of a BERT-base-shaped encoder stack:
 plain PyTorch eager vs the same stack built from slimfit's autograd functions.
 
-    python bench/layer_memory.py [--batch N] [--repeats R] [--csv PATH]
+    python -m bench.layer_memory [--batch N] [--repeats R] [--csv PATH]
 
 The stack: 12 post-LN encoder layers, hidden 768, 12 heads, FFN 3072, sequence 128, dropout 0.1,
 randomly initialised modules defined here (no downloads). One set of parameters, two forwards:
@@ -36,11 +36,13 @@ top-10% of P is a poor summary; `--qk-std 0.02` measures that case (reported too
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/layer_memory.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,18 +50,15 @@ from pathlib import Path
 
 os.environ.setdefault("SLIMFIT_BACKEND", "auto")
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import slimfit  # noqa: E402
-from slimfit import memory  # noqa: E402
-from slimfit.autograd import attention, dropout, gelu, layer_norm, linear  # noqa: E402
-from slimfit.kernels import backend_info  # noqa: E402
+import slimfit
+from bench import _results
+from slimfit import memory
+from slimfit.autograd import attention, dropout, gelu, layer_norm, linear
+from slimfit.kernels import backend_info
 
 MiB = 1024 * 1024
 
@@ -335,34 +334,15 @@ def configure(mode: Mode, **settings) -> None:
 
 
 def device_name() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"cpu ({name}, {torch.get_num_threads()} threads)"
+    return f"cpu ({_results.cpu_model()}, {torch.get_num_threads()} threads)"
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """Upsert rows keyed by (device, torch, backend, batch, seq, config)."""
+    """Upsert rows keyed by (device, torch, backend, layers, batch, seq, config): a row measured again replaces
+    its old one in place; rows of an older column set are dropped."""
     key = ("device", "torch", "backend", "layers", "batch", "seq", "config")
-    fields = list(rows[0].keys())
-    old = []
-    if path.exists():
-        with path.open(newline="") as f:
-            old = [r for r in csv.DictReader(f)]
-    new_keys = {tuple(str(r[k]) for k in key) for r in rows}
-    kept = [r for r in old if tuple(r.get(k, "") for k in key) not in new_keys and set(r) == set(fields)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in kept + rows:
-            w.writerow(r)
+    old = [r for r in _results.read_rows(str(path)) if set(r) == set(rows[0])]
+    _results.write_rows(str(path), _results.merge_rows(old, rows, key), list(rows[0]))
 
 
 def main(argv=None) -> int:
@@ -374,7 +354,7 @@ def main(argv=None) -> int:
     ap.add_argument("--freeze", type=float, default=0.95, help="fraction of weights frozen")
     ap.add_argument("--qk-std", type=float, default=0.0625, help="init std of the Q/K projections")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--csv", type=Path, default=ROOT / "bench" / "results" / "layer_memory_cpu.csv")
+    ap.add_argument("--csv", type=Path, default=Path(_results.results_path("layer_memory", "csv", "cpu")))
     ap.add_argument("--ablation", action="store_true",
                     help="also measure the gradient error of each compression alone (9 more steps)")
     ap.add_argument("--flat-check", action="store_true",
@@ -498,7 +478,7 @@ def main(argv=None) -> int:
 
     dev = device_name()
     rows = []
-    for r, cm in zip(results, comps):
+    for r in results:
         e = r["err"] or {}
         rows.append({
             "device": dev, "torch": torch.__version__, "slimfit": slimfit.__version__,
@@ -522,7 +502,8 @@ def main(argv=None) -> int:
                      "grad_median_rel_err": f"{e['median_rel']:.3e}",
                      "grad_max_rel_err": f"{e['max_rel']:.3e}", "grad_min_cos": f"{e['min_cos']:.5f}"})
     write_csv(args.csv, rows)
-    print(f"\nwrote {args.csv.relative_to(ROOT) if args.csv.is_relative_to(ROOT) else args.csv}")
+    shown = os.path.relpath(args.csv, _results.ROOT)
+    print(f"\nwrote {args.csv if shown.startswith('..') else shown}")
     ratio = base / results[main_i]["run"].total  # the issue's configuration
     print(f"target >= 8x fewer saved bytes than plain: {'met' if ratio >= 8 else 'NOT met'} ({ratio:.2f}x)")
     return 0

@@ -3,9 +3,9 @@
 and (--fidelity) how near the converted pretrained MiniLM-L6 starts and how exactly backward
 reconstructs its inputs.
 
-    python bench/meft_memory.py              # memory + time: writes bench/results/meft_memory_cpu.{csv,md} (~2 min)
-    python bench/meft_memory.py --fidelity   # MiniLM-L6: writes bench/results/meft_fidelity_cpu.{csv,md} (~1-2 min)
-    python bench/meft_memory.py --quick      # tiny shapes, prints only
+    python -m bench.meft_memory              # memory + time: writes bench/results/meft_memory_cpu.{csv,md} (~2 min)
+    python -m bench.meft_memory --fidelity   # MiniLM-L6: writes bench/results/meft_fidelity_cpu.{csv,md} (~1-2 min)
+    python -m bench.meft_memory --quick      # tiny shapes, prints only
 
 Memory: BertForSequenceClassification built from a BERT-base-shaped config (hidden 768, 12 heads,
 FFN 3072; no weights loaded: the bytes do not depend on the values) with depth 2/4/8/12, batch 2,
@@ -21,22 +21,21 @@ ratio is the price of recomputing F and G in backward.
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/meft_memory.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
 import copy
-import csv
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import slimfit.reversible as rv
+from bench import _results
+from slimfit.memory import measure
 
-import slimfit.reversible as rv  # noqa: E402
-from slimfit.memory import measure  # noqa: E402
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 FORMS = ("meft1", "meft2", "meft3")
 
 
@@ -111,21 +110,24 @@ def run_memory(args):
     for method in ("plain", "adapters"):
         model = prepare(copy.deepcopy(base), method)
         ts = [timed(model, inputs, seed=n) for n in range(args.repeats + 1)][1:]
-        times.append({"form": method, "depth": args.time_depth, "reversible_s": "", "plain_autograd_s": statistics.median(ts),
-                      "ratio": ""})
+        times.append({"form": method, "depth": args.time_depth, "reversible_s": "",
+                      "plain_autograd_s": statistics.median(ts), "ratio": ""})
         print(f"{method}: step {statistics.median(ts):.3f} s", flush=True)
     return rows, times
 
 
+MEMORY_FIELDS = ["kind", "depth", "method", "saved_bytes", "reversible_s", "plain_autograd_s", "ratio"]
+
+
 def write_memory(args, rows, times):
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "meft_memory_cpu.csv"), "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["kind", "depth", "method", "saved_bytes", "reversible_s", "plain_autograd_s", "ratio"])
-        for r in rows:
-            w.writerow(["memory", r["depth"], r["method"], r["saved_bytes"], "", "", ""])
-        for t in times:
-            w.writerow(["time", t["depth"], t["form"], "", t["reversible_s"], t["plain_autograd_s"], t["ratio"]])
+    _results.write_rows(_results.results_path("meft_memory", "csv", "cpu"),
+                        [["memory", r["depth"], r["method"], r["saved_bytes"], "", "", ""] for r in rows]
+                        + [["time", t["depth"], t["form"], "", t["reversible_s"], t["plain_autograd_s"], t["ratio"]]
+                           for t in times], MEMORY_FIELDS)
+    _results.write_text(_results.results_path("meft_memory", "md", "cpu"), memory_markdown(args, rows, times))
+
+
+def memory_markdown(args, rows, times) -> str:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["depth"], r["method"]): r["saved_bytes"] for r in rows}
     lines = [
@@ -134,27 +136,24 @@ def write_memory(args, rows, times):
         f"BertForSequenceClassification, hidden {args.hidden}, {args.heads} heads, FFN {args.ffn}, batch {args.batch}, "
         f"seq {args.seq}, fp32, train mode, SDPA; bytes saved for backward in one forward (slimfit.memory), MiB. "
         "`-nr` = the same MEFT network with plain autograd (reversible_layers=0). Command: "
-        "`python bench/meft_memory.py`.",
+        f"`{_results.command('meft_memory', [])}`.",
         "",
-        "| method | " + " | ".join(f"depth {d}" for d in args.depths) + " | per extra layer |",
-        "|---|" + "---:|" * (len(args.depths) + 1),
     ]
     d0, d1 = args.depths[0], args.depths[-1]
-    for m in methods:
-        per = (by[(d1, m)] - by[(d0, m)]) / (d1 - d0)
-        lines.append(f"| {m} | " + " | ".join(fmt_mib(by[(d, m)]) for d in args.depths) + f" | {fmt_mib(per)} |")
+    body = [[m, *(fmt_mib(by[(d, m)]) for d in args.depths), fmt_mib((by[(d1, m)] - by[(d0, m)]) / (d1 - d0))]
+            for m in methods]
+    lines += _results.md_table(["method", *(f"depth {d}" for d in args.depths), "per extra layer"], body,
+                               right=range(1, len(args.depths) + 2))
     lines += ["", f"Reduction at depth {d1} vs plain fine-tuning: " + ", ".join(
         f"{m} {by[(d1, 'plain')] / by[(d1, m)]:.1f}x" for m in methods if m != "plain"), "",
-        f"## Step time (forward + backward), depth {args.time_depth}, median of {args.repeats} steps", "",
-        "| method | reversible s | plain autograd s | reversible / plain |", "|---|---:|---:|---:|"]
-    for t in times:
-        rev = f"{t['reversible_s']:.3f}" if t["reversible_s"] != "" else "-"
-        ratio = f"{t['ratio']:.2f}x" if t["ratio"] != "" else "-"
-        lines.append(f"| {t['form']} | {rev} | {t['plain_autograd_s']:.3f} | {ratio} |")
+        f"## Step time (forward + backward), depth {args.time_depth}, median of {args.repeats} steps", ""]
+    body = [[t["form"], f"{t['reversible_s']:.3f}" if t["reversible_s"] != "" else "-", f"{t['plain_autograd_s']:.3f}",
+             f"{t['ratio']:.2f}x" if t["ratio"] != "" else "-"] for t in times]
+    lines += _results.md_table(["method", "reversible s", "plain autograd s", "reversible / plain"], body,
+                               right=(1, 2, 3))
     lines += ["", f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), shared 2-core machine: times are "
               "indicative, ratios within one run are the comparable numbers."]
-    with open(os.path.join(RESULTS, "meft_memory_cpu.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 # ---- fidelity: pretrained MiniLM-L6 -------------------------------------------------------------
@@ -221,35 +220,35 @@ def run_fidelity(args):
 
 
 def write_fidelity(dist, recon, n_texts):
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "meft_fidelity_cpu.csv"), "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["kind", "form", "output_or_dtype", "stream", "values"])
-        for d in dist:
-            w.writerow(["init", d["form"], d["output"], "", f"hidden_rel_max={d['hidden_rel_max']:.4g};"
-                        f"hidden_rel_mean={d['hidden_rel_mean']:.4g};cls_cosine={d['cls_cosine']:.4g};"
-                        f"logits_rel={d['logits_rel']:.4g}"])
-        for r in recon:
-            w.writerow(["reconstruction", r["form"], r["dtype"], r["stream"], ";".join(f"{e:.3g}" for e in r["errors"])])
+    rows = [["init", d["form"], d["output"], "", f"hidden_rel_max={d['hidden_rel_max']:.4g};"
+             f"hidden_rel_mean={d['hidden_rel_mean']:.4g};cls_cosine={d['cls_cosine']:.4g};"
+             f"logits_rel={d['logits_rel']:.4g}"] for d in dist]
+    rows += [["reconstruction", r["form"], r["dtype"], r["stream"], ";".join(f"{e:.3g}" for e in r["errors"])]
+             for r in recon]
+    _results.write_rows(_results.results_path("meft_fidelity", "csv", "cpu"), rows,
+                        ["kind", "form", "output_or_dtype", "stream", "values"])
+    _results.write_text(_results.results_path("meft_fidelity", "md", "cpu"), fidelity_markdown(dist, recon, n_texts))
+
+
+def fidelity_markdown(dist, recon, n_texts) -> str:
     lines = ["# MEFT on the pretrained all-MiniLM-L6-v2 (6 layers, hidden 384): distance at init, reconstruction",
-             "", f"{n_texts} Rotten Tomatoes sentences, max length 64, classifier head randomly initialised (seed 0) and "
-             "shared by every row; adapters bottleneck 8, N(0, 0.02). Command: `python bench/meft_memory.py --fidelity`.",
+             "", f"{n_texts} Rotten Tomatoes sentences, max length 64, classifier head randomly initialised (seed 0) "
+             "and shared by every row; adapters bottleneck 8, N(0, 0.02). Command: "
+             f"`{_results.command('meft_memory', ['--fidelity'])}`.",
              "", "## Distance to the unconverted model at init (eval mode)", "",
              "Per-token ‖h − h_ref‖/‖h_ref‖ of the final hidden states (max, mean over non-padding tokens), cosine of "
-             "the [CLS] vectors, and ‖logits − logits_ref‖/‖logits_ref‖.", "",
-             "| variant | output | hidden rel max | hidden rel mean | [CLS] cosine | logits rel |",
-             "|---|---|---:|---:|---:|---:|"]
-    for d in dist:
-        lines.append(f"| {d['form']} | {d['output']} | {d['hidden_rel_max']:.3f} | {d['hidden_rel_mean']:.3f} | "
-                     f"{d['cls_cosine']:.3f} | {d['logits_rel']:.3f} |")
+             "the [CLS] vectors, and ‖logits − logits_ref‖/‖logits_ref‖.", ""]
+    body = [[d["form"], d["output"], *(f"{d[k]:.3f}" for k in ("hidden_rel_max", "hidden_rel_mean", "cls_cosine",
+                                                                "logits_rel"))] for d in dist]
+    lines += _results.md_table(["variant", "output", "hidden rel max", "hidden rel mean", "[CLS] cosine",
+                                "logits rel"], body, right=(2, 3, 4, 5))
+    layers = len(recon[0]["errors"])
     lines += ["", "## Reconstruction error of the reversible backward (train mode, dropout on)", "",
-              "Per layer, bottom (layer 0) to top: max over the pair of ‖x_reconstructed − x_forward‖/‖x_forward‖.", "",
-              "| form | model dtype | stream | " + " | ".join(f"layer {i}" for i in range(len(recon[0]["errors"]))) + " |",
-              "|---|---|---|" + "---:|" * len(recon[0]["errors"])]
-    for r in recon:
-        lines.append(f"| {r['form']} | {r['dtype']} | {r['stream']} | " + " | ".join(f"{e:.1e}" for e in r["errors"]) + " |")
-    with open(os.path.join(RESULTS, "meft_fidelity_cpu.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+              "Per layer, bottom (layer 0) to top: max over the pair of ‖x_reconstructed − x_forward‖/‖x_forward‖.", ""]
+    body = [[r["form"], r["dtype"], r["stream"], *(f"{e:.1e}" for e in r["errors"])] for r in recon]
+    lines += _results.md_table(["form", "model dtype", "stream", *(f"layer {i}" for i in range(layers))], body,
+                               right=range(3, 3 + layers))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
@@ -267,7 +266,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     args.hidden, args.heads, args.ffn = (768, 12, 3072)
     if args.quick:
-        args.hidden, args.heads, args.ffn, args.depths, args.seq, args.time_depth, args.repeats = 64, 4, 128, [1, 2], 16, 1, 1
+        args.hidden, args.heads, args.ffn, args.depths = 64, 4, 128, [1, 2]
+        args.seq, args.time_depth, args.repeats = 16, 1, 1
     if args.fidelity:
         dist, recon = run_fidelity(args)
         if not args.quick:

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Ops dispatched per patched layer, against plain PyTorch (issue 16, item 5).
 
-    python bench/op_count.py                  # BERT layer + Llama decoder layer; writes bench/results/op_count_cpu.{csv,md}
-    python bench/op_count.py --before bench/results/op_count_cpu_before.csv
+    python -m bench.op_count                  # BERT layer + Llama decoder layer;
+                                              # writes bench/results/op_count_cpu.{csv,md}
+    python -m bench.op_count --before bench/results/op_count_cpu_before.csv
                                               # the same, with the counts of an earlier run beside each row
-    python bench/op_count.py --quick          # tiny shapes: a smoke check, writes nothing (unless --out is given)
+    python -m bench.op_count --quick          # tiny shapes: a smoke check, writes nothing (unless --out is given)
 
 What is counted: every op that reaches the Python dispatch key, i.e. what a
 `torch.utils._python_dispatch.TorchDispatchMode` sees as `func` (aten ops after the CompositeImplicitAutograd
@@ -39,29 +40,25 @@ counted once, parameters not counted).
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/op_count.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
 import collections
 import contextlib
-import csv
 import dataclasses
 import os
-import subprocess
 import sys
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):  # measure the slimfit of this tree
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit.config import SlimFitConfig  # noqa: E402
+import slimfit
+from bench import _results
+from slimfit.config import SlimFitConfig
 
 MiB = 2 ** 20
 CONFIGS = ("eager", "sdpa", "paper", "aggressive")
@@ -324,18 +321,6 @@ def measure(model_name: str, config: str, weights: str, models: dict) -> list[Ce
 
 
 # ------------------------------------------------------------------ output
-def commit_label() -> str:
-    """The commit the numbers ran at, and whether slimfit/ had uncommitted changes then."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "slimfit"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes in slimfit/" if dirty else "")
-
-
 def _ops_str(c: collections.Counter) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(c.items()))
 
@@ -353,13 +338,9 @@ CSV_FIELDS = ["commit", "model", "weights", "kind", "config", "modules", "fwd_op
 
 
 def read_csv(path: str) -> list[Cell]:
-    cells = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            cells.append(Cell(r["model"], r["weights"], r["kind"], r["config"], int(r["modules"]),
-                              _parse_ops(r["fwd_detail"]), _parse_ops(r["bwd_detail"]), int(r["alloc_bytes"]),
-                              int(r["saved_bytes"]), r["note"]))
-    return cells
+    return [Cell(r["model"], r["weights"], r["kind"], r["config"], int(r["modules"]), _parse_ops(r["fwd_detail"]),
+                 _parse_ops(r["bwd_detail"]), int(r["alloc_bytes"]), int(r["saved_bytes"]), r["note"])
+            for r in _results.read_rows(path)]
 
 
 def _index(cells):
@@ -368,14 +349,13 @@ def _index(cells):
 
 def write_csv(cells, path: str, commit: str) -> None:
     idx = _index(cells)
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(CSV_FIELDS)
-        for c in cells:
-            base = idx.get((c.model, c.weights, c.kind, "eager"))
-            ratio = f"{c.total / base.total:.3f}" if base and base.total else ""
-            w.writerow([commit, c.model, c.weights, c.kind, c.config, c.modules, c.n_fwd, c.n_bwd, c.total, ratio,
-                        c.alloc, c.saved, c.note, _ops_str(c.fwd), _ops_str(c.bwd)])
+    rows = []
+    for c in cells:
+        base = idx.get((c.model, c.weights, c.kind, "eager"))
+        ratio = f"{c.total / base.total:.3f}" if base and base.total else ""
+        rows.append([commit, c.model, c.weights, c.kind, c.config, c.modules, c.n_fwd, c.n_bwd, c.total, ratio,
+                     c.alloc, c.saved, c.note, _ops_str(c.fwd), _ops_str(c.bwd)])
+    _results.write_rows(path, rows, CSV_FIELDS)
 
 
 def _ratio(a: Cell | None, b: Cell | None) -> str:
@@ -411,8 +391,8 @@ REMAINS = {
                  "Fewer ops need a fused backward kernel, or `native_layer_norm_backward` fed (x̂, mean 0, rstd 1) "
                  "and one multiply by rstd: the same math in another rounding order, i.e. different gradient bits, "
                  "which this change was not to touch.",
-    "rmsnorm": "below eager: the backward formula from x̂ and rstd has fewer ops than autograd's chain of pow/mean/rsqrt "
-               "backward ops.",
+    "rmsnorm": "below eager: the backward formula from x̂ and rstd has fewer ops than autograd's chain of "
+               "pow/mean/rsqrt backward ops.",
     "swiglu": "two `slimfit.quantize` (gate and up) in forward, two `slimfit.dequantize` and the recomputed "
               "`silu(gate~)` in backward: the compression and the recompute that replaces the three saved tensors.",
     "attention core": "slimfit's attention (slimfit/autograd/attention.py, fused_attention.py) is being rewritten by "
@@ -448,91 +428,108 @@ def _without_core(cells, model, weights, cfg) -> float | None:
 
 
 def render_md(cells, header, before=None) -> str:
+    lines = list(header) + _whole_layer(cells, before)
+    for model in dict.fromkeys(c.model for c in cells):
+        for weights in WEIGHTS:
+            lines += _kind_table(cells, before, model, weights)
+    lines += _above_eager(cells) + _ops_beyond_eager(cells)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _whole_layer(cells, before) -> list[str]:
+    """The whole-layer table (one row per model, weights, patched preset) and the targets missed."""
     idx = _index(cells)
-    old = _index(before) if before else {}
-    lines = list(header)
-    lines += ["", "## Whole layer", "",
-              "| model | layer weights | preset | eager | sdpa | patched: fwd / bwd = total | ratio to eager (to sdpa) "
-              f"| target <= {TARGET}x | ratio with eager's attention core |" + (" before: total (ratio) |" if before else ""),
-              "|---|---|---|---|---|---|---|---|---|" + ("---|" if before else "")]
+    head = ["model", "layer weights", "preset", "eager", "sdpa", "patched: fwd / bwd = total",
+            "ratio to eager (to sdpa)", f"target <= {TARGET}x", "ratio with eager's attention core"]
+    body, missed = [], []
     for model, weights, cfg, c, e, sd, ob, oe in _summary(cells, before):
         r = c.total / e.total
         wc = _without_core(cells, model, weights, cfg)
-        line = (f"| {model} | {weights} | {cfg} | {e.total} | {sd.total if sd else '-'} | {c.n_fwd} / {c.n_bwd} = "
-                f"**{c.total}** | **{r:.2f}x** ({_ratio(c, sd)}) | {'met' if r <= TARGET + 1e-9 else 'NO'} | "
-                f"{'-' if wc is None else f'{wc:.2f}x'} |")
+        row = [model, weights, cfg, e.total, sd.total if sd else "-", f"{c.n_fwd} / {c.n_bwd} = **{c.total}**",
+               f"**{r:.2f}x** ({_ratio(c, sd)})", "met" if r <= TARGET + 1e-9 else "NO",
+               "-" if wc is None else f"{wc:.2f}x"]
         if before:
-            line += f" {'-' if ob is None else f'{ob.total} ({_ratio(ob, oe or e)})'} |"
-        lines.append(line)
-    missed = []
-    for model, weights, cfg, c, e, sd, ob, oe in _summary(cells, before):
+            row.append("-" if ob is None else f"{ob.total} ({_ratio(ob, oe or e)})")
+        body.append(row)
         if c.total > TARGET * e.total + 1e-9:
-            ac, ae = idx.get((model, weights, "attention core", cfg)), idx.get((model, weights, "attention core", "eager"))
+            ac = idx.get((model, weights, "attention core", cfg))
+            ae = idx.get((model, weights, "attention core", "eager"))
             core = f"; its attention core alone has {ac.total - ae.total:+d} ops over eager's" if ac and ae else ""
             missed.append(f"{model} {weights} {cfg}: {c.total - int(TARGET * e.total)} ops above the target "
                           f"({int(TARGET * e.total)}){core}")
+    lines = ["", "## Whole layer", ""] + _results.md_table(head + (["before: total (ratio)"] if before else []), body)
     if missed:
         lines += ["", "Target missed: " + "; ".join(missed) + "."]
-    for model in dict.fromkeys(c.model for c in cells):
-        for weights in WEIGHTS:
-            lines += ["", f"## {model}, layer weights {weights}", ""]
-            cols = "| kind | n | eager fwd/bwd | sdpa fwd/bwd | paper fwd/bwd | paper ratio | aggressive fwd/bwd | " \
-                   "aggressive ratio | alloc MiB eager / paper / aggr. | saved MiB eager / paper / aggr. |"
-            if before:
-                cols += " before: paper / aggr. total (ratio), alloc MiB |"
-            lines += [cols, "|" + "---|" * (cols.count("|") - 1)]
-            for kind in KINDS:
-                row = {cfg: idx.get((model, weights, kind, cfg)) for cfg in CONFIGS}
-                if row["eager"] is None:
-                    continue
-                e = row["eager"]
+    return lines
 
-                def fb(c):
-                    return "-" if c is None else f"{c.n_fwd} / {c.n_bwd} = {c.total}"
 
-                def ratio(cfg):
-                    r = _ratio(row[cfg], e)
-                    if kind in ("attention core", "layer") and row["sdpa"] is not None:
-                        r += f" ({_ratio(row[cfg], row['sdpa'])} sdpa)"
-                    return f"**{r}**" if kind == "layer" else r
+def _kind_table(cells, before, model: str, weights: str) -> list[str]:
+    """One model and weight setting: a row per module kind, every configuration side by side."""
+    idx = _index(cells)
+    old = _index(before) if before else {}
+    head = ["kind", "n", "eager fwd/bwd", "sdpa fwd/bwd", "paper fwd/bwd", "paper ratio", "aggressive fwd/bwd",
+            "aggressive ratio", "alloc MiB eager / paper / aggr.", "saved MiB eager / paper / aggr."]
+    if before:
+        head.append("before: paper / aggr. total (ratio), alloc MiB")
 
-                alloc = " / ".join("-" if row[c] is None else _mib(row[c].alloc) for c in ("eager", "paper", "aggressive"))
-                saved = " / ".join("-" if row[c] is None else _mib(row[c].saved) for c in ("eager", "paper", "aggressive"))
-                name = f"**{kind}**" if kind == "layer" else kind
-                line = (f"| {name} | {e.modules} | {fb(e)} | {fb(row['sdpa'])} | {fb(row['paper'])} | {ratio('paper')} | "
-                        f"{fb(row['aggressive'])} | {ratio('aggressive')} | {alloc} | {saved} |")
-                if before:
-                    ob = {cfg: old.get((model, weights, kind, cfg)) for cfg in CONFIGS}
-                    parts = []
-                    for cfg in PATCHED:
-                        parts.append("-" if ob[cfg] is None else
-                                     f"{ob[cfg].total} ({_ratio(ob[cfg], ob['eager'] or e)}), {_mib(ob[cfg].alloc)}")
-                    line += " " + " / ".join(parts) + " |"
-                lines.append(line)
-            notes = {c.config: c.note for c in cells
-                     if c.model == model and c.weights == weights and c.kind == "attention core" and c.note}
-            if notes:
-                lines.append("")
-                lines.append("Attention function: " + "; ".join(f"{k}: `{v}`" for k, v in notes.items()) + ".")
+    def fb(c):
+        return "-" if c is None else f"{c.n_fwd} / {c.n_bwd} = {c.total}"
+
+    body = []
+    for kind in KINDS:
+        row = {cfg: idx.get((model, weights, kind, cfg)) for cfg in CONFIGS}
+        e = row["eager"]
+        if e is None:
+            continue
+        ratios = {}
+        for cfg in PATCHED:
+            r = _ratio(row[cfg], e)
+            if kind in ("attention core", "layer") and row["sdpa"] is not None:
+                r += f" ({_ratio(row[cfg], row['sdpa'])} sdpa)"
+            ratios[cfg] = f"**{r}**" if kind == "layer" else r
+        alloc = " / ".join("-" if row[c] is None else _mib(row[c].alloc) for c in ("eager", "paper", "aggressive"))
+        saved = " / ".join("-" if row[c] is None else _mib(row[c].saved) for c in ("eager", "paper", "aggressive"))
+        cells_ = [f"**{kind}**" if kind == "layer" else kind, e.modules, fb(e), fb(row["sdpa"]), fb(row["paper"]),
+                  ratios["paper"], fb(row["aggressive"]), ratios["aggressive"], alloc, saved]
+        if before:
+            ob = {cfg: old.get((model, weights, kind, cfg)) for cfg in CONFIGS}
+            cells_.append(" / ".join("-" if ob[cfg] is None else
+                                     f"{ob[cfg].total} ({_ratio(ob[cfg], ob['eager'] or e)}), {_mib(ob[cfg].alloc)}"
+                                     for cfg in PATCHED))
+        body.append(cells_)
+    lines = ["", f"## {model}, layer weights {weights}", ""] + _results.md_table(head, body)
+    notes = {c.config: c.note for c in cells
+             if c.model == model and c.weights == weights and c.kind == "attention core" and c.note}
+    if notes:
+        lines += ["", "Attention function: " + "; ".join(f"{k}: `{v}`" for k, v in notes.items()) + "."]
+    return lines
+
+
+def _above_eager(cells) -> list[str]:
+    """The kinds a patched configuration leaves above eager's count, with the reason (REMAINS)."""
+    idx = _index(cells)
     above = [k for k in KINDS if k != "layer" and any(
         c.kind == k and c.config in PATCHED and (e := idx.get((c.model, c.weights, k, "eager"))) and c.total > e.total
         for c in cells)]
-    if above:
-        lines += ["", "## What stays above eager, and why", ""]
-        lines += [f"- **{k}**: {REMAINS.get(k, '')}" for k in above]
-    lines += ["", "## Ops beyond eager's, per kind (forward + backward; + more, - fewer than eager)", ""]
+    if not above:
+        return []
+    return ["", "## What stays above eager, and why", ""] + [f"- **{k}**: {REMAINS.get(k, '')}" for k in above]
+
+
+def _ops_beyond_eager(cells) -> list[str]:
+    idx = _index(cells)
+    lines = ["", "## Ops beyond eager's, per kind (forward + backward; + more, - fewer than eager)", ""]
     for model in dict.fromkeys(c.model for c in cells):
         for weights in WEIGHTS:
             for cfg in PATCHED:
-                lines.append(f"### {model}, {weights}, {cfg}")
-                lines.append("")
+                lines += [f"### {model}, {weights}, {cfg}", ""]
                 for kind in KINDS:
                     c, e = idx.get((model, weights, kind, cfg)), idx.get((model, weights, kind, "eager"))
                     if c is None or e is None:
                         continue
                     lines.append(f"- {kind} ({c.total} vs {e.total}): {_diff(c.fwd + c.bwd, e.fwd + e.bwd)}")
                 lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 def run(models: dict, names) -> list[Cell]:
@@ -559,14 +556,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     models = QUICK_MODELS if args.quick else MODELS
-    commit = args.commit or commit_label()
+    commit = args.commit or _results.commit_label()
     import transformers
 
     shapes = "; ".join(f"{n}: {models[n][0][:-6]}({', '.join(f'{k}={v}' for k, v in models[n][1].items())}), "
                        f"batch {models[n][2]}, seq {models[n][3]}" for n in args.models)
     header = ["# Ops dispatched per patched layer, CPU (bench/op_count.py)", "",
-              "Command: `python bench/op_count.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`", "",
-              f"Commit: {commit}; {_timing.now()}; torch {torch.__version__}, transformers {transformers.__version__}, "
+              f"Command: `{_results.command('op_count', argv)}`", "",
+              f"Commit: {commit}; {_results.now()}; torch {torch.__version__}, "
+              f"transformers {transformers.__version__}, "
               f"slimfit CPU backend: {slimfit.kernels.backend_info()['cpu']}.", "",
               f"One layer, fp32, train mode, CPU. {shapes}. Counts: ops seen by a TorchDispatchMode (aten ops after "
               "CompositeImplicit decompositions, and `slimfit::` ops, one each) in one forward and one backward; "
@@ -576,21 +574,19 @@ def main(argv=None) -> int:
               "fresh outputs of every op (fwd + bwd); saved = bytes kept for backward (parameters not counted)."]
     before = read_csv(args.before) if args.before else None
     if args.before:
-        with open(args.before, newline="") as fh:
-            then = next(csv.DictReader(fh), {}).get("commit", "?")
-        header += ["", f"'before' columns: the counts of commit {then} ({os.path.relpath(args.before, ROOT)}), "
+        then = next(iter(_results.read_rows(args.before)), {}).get("commit", "?")
+        where = os.path.relpath(args.before, _results.ROOT)
+        header += ["", f"'before' columns: the counts of commit {then} ({where}), "
                    "measured by this script."]
     cells = run(models, args.models)
     md = render_md(cells, header, before)
     print()
     print(md)
-    out = args.out if args.out is not None else (None if args.quick else os.path.join(HERE, "results"))
-    if out:
-        os.makedirs(out, exist_ok=True)
-        write_csv(cells, os.path.join(out, "op_count_cpu.csv"), commit)
-        with open(os.path.join(out, "op_count_cpu.md"), "w") as fh:
-            fh.write(md)
-        print(f"wrote {os.path.join(out, 'op_count_cpu.csv')} and .md")
+    if args.out is not None or not args.quick:
+        csv_path = _results.results_path("op_count", "csv", "cpu", args.out)
+        write_csv(cells, csv_path, commit)
+        _results.write_text(_results.results_path("op_count", "md", "cpu", args.out), md)
+        print(f"wrote {csv_path} and .md")
     return 0
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Saved-activation bytes and step time of real model families patched with slimfit, on the CPU.
 
-    python bench/patch_memory.py               # BERT-base (seq 128), ViT-B/16 (224), Llama-tiny and SmolLM-135M
+    python -m bench.patch_memory               # BERT-base (seq 128), ViT-B/16 (224), Llama-tiny and SmolLM-135M
                                                # (Llama layout, seq 128), batch 2; writes
                                                # bench/results/patch_memory_cpu.{csv,md}; ~15-20 min on 2 busy cores
-    python bench/patch_memory.py --quick       # 2-layer models, seq 64, one timed run: a smoke check, writes nothing
-    python bench/patch_memory.py --models bert --batch 4 --repeats 5 --threads 1 --cpu-timer process
+    python -m bench.patch_memory --quick       # 2-layer models, seq 64, one timed run: a smoke check, writes nothing
+    python -m bench.patch_memory --models bert --batch 4 --repeats 5 --threads 1 --cpu-timer process
 
 Models: `BertForSequenceClassification(BertConfig())` (BERT-base: 12 layers, hidden 768, 12 heads),
 `ViTForImageClassification(ViTConfig())` (ViT-B/16 at 224x224), and two `LlamaForCausalLM`s (`slimfit memory`'s
@@ -37,28 +37,24 @@ unpatched model at seq 128) is checked against the `plain` row and printed, met 
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/patch_memory.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
-import os
+import dataclasses
 import re
 import sys
 import warnings
-import dataclasses
 from dataclasses import dataclass, field
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):  # measure the slimfit of this tree; import _timing next to this file
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit import architectures as archs  # noqa: E402
-from slimfit.config import SlimFitConfig  # noqa: E402
-from slimfit.kernels import backend_info  # noqa: E402
+import slimfit
+from bench import _results, _timing
+from slimfit import architectures as archs
+from slimfit.config import SlimFitConfig
+from slimfit.kernels import backend_info
 
 MiB = 2 ** 20
 TARGET = 6.0
@@ -179,7 +175,6 @@ def bench_model(label: str, arch: archs.Architecture, args, settings: _timing.Se
     base = rows[0].saved_bytes
     for r in rows:
         r.ratio = base / r.saved_bytes if r.saved_bytes else float("inf")
-    del model
     return rows, summaries
 
 
@@ -206,14 +201,7 @@ def seed_table(rows: list[Row], md: bool) -> list[str]:
 
 
 def _table(head, body, md, right=()):
-    if md:
-        align = ["---:" if i in right else "---" for i in range(len(head))]
-        return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"] + \
-               ["| " + " | ".join(b) + " |" for b in body]
-    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
-    return [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(b) for b in body]
+    return (_results.md_table if md else _results.text_table)(head, body, right)
 
 
 def role_table(plain: Row, paper: Row, batch: int, md: bool, top: int) -> list[str]:
@@ -284,10 +272,12 @@ def _llama_lines(rows: list[Row]) -> list[str]:
         by = {r.method: r for r in rows if r.model == model and r.frozen_seed in (None, 0)}
         plain, paper = by["plain"].run, by["paper+frozen"].run
         root = plain.per_module.get("(root)", 0), paper.per_module.get("(root)", 0)
+        without_root = (plain.total - root[0]) / (paper.total - root[1])
         out.append(f"{model}: paper()+frozen saves {by['paper+frozen'].ratio:.2f}x fewer activation bytes than plain "
-                   f"(freezing alone {by['plain+frozen'].ratio:.2f}x, aggressive() {by['aggressive+frozen'].ratio:.2f}x, "
-                   f"wta_crs() {by['wta_crs+frozen'].ratio:.2f}x); without the loss's logits ((root), "
-                   f"{100 * root[0] / plain.total:.0f}% of plain): {(plain.total - root[0]) / (paper.total - root[1]):.2f}x")
+                   f"(freezing alone {by['plain+frozen'].ratio:.2f}x, "
+                   f"aggressive() {by['aggressive+frozen'].ratio:.2f}x, wta_crs() {by['wta_crs+frozen'].ratio:.2f}x); "
+                   f"without the loss's logits ((root), {100 * root[0] / plain.total:.0f}% of plain): "
+                   f"{without_root:.2f}x")
     return out
 
 
@@ -313,13 +303,14 @@ def target_lines(rows: list[Row], quick: bool) -> list[str]:
 def header_lines(args, load0, load1) -> list[str]:
     import transformers
 
-    v = _timing.versions()
+    v = _results.versions()
     return [
-        f"device: cpu, {_timing.device_name('cpu')}",
+        f"device: cpu, {_results.device_name('cpu')}",
         f"torch {v['torch']}, transformers {transformers.__version__}, python {v['python']}, slimfit "
         f"{slimfit.__version__}, CPU kernels: {backend_info()['cpu']}",
-        f"date: {_timing.now()}; load average (1 min) at start {load0}, at end {load1}",
-        f"batch {args.batch}, seq {args.seq_len} (text models), image {args.image_size or 224} (ViT), fp32, train mode; "
+        f"date: {_results.now()}; load average (1 min) at start {load0}, at end {load1}",
+        f"batch {args.batch}, seq {args.seq_len} (text models), image {args.image_size or 224} (ViT), fp32, "
+        f"train mode; "
         f"dropout: BERT 0.1, ViT {args.vit_dropout if args.vit_dropout is not None else '0.0 (ViTConfig default)'}; "
         f"freeze rate {args.freeze_rate}; timer {args.cpu_timer}, median of {args.repeats}",
     ]
@@ -331,28 +322,24 @@ CSV_FIELDS = ["model", "method", "shape", "batch", "frozen_seed", "frozen_layers
               "date"]
 
 
-def write_results(out_dir: str, args, rows, summaries_by_model, load0, load1, notes):
+def write_results(out_dir: str | None, args, argv, rows, summaries_by_model, load0, load1, notes):
     import transformers
 
-    os.makedirs(out_dir, exist_ok=True)
-    csv_path = os.path.join(out_dir, "patch_memory_cpu.csv")
-    md_path = os.path.join(out_dir, "patch_memory_cpu.md")
-    v = _timing.versions()
-    common = dict(timer=args.cpu_timer, device="cpu", cpu=_timing.cpu_model(), threads=torch.get_num_threads(),
+    csv_path = _results.results_path("patch_memory", "csv", "cpu", out_dir)
+    md_path = _results.results_path("patch_memory", "md", "cpu", out_dir)
+    v = _results.versions()
+    common = dict(timer=args.cpu_timer, device="cpu", cpu=_results.cpu_model(), threads=torch.get_num_threads(),
                   torch=v["torch"], transformers=transformers.__version__, slimfit=slimfit.__version__,
-                  cpu_kernels=backend_info()["cpu"], load_avg=f"{load0}/{load1}", date=_timing.now())
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow(dict(model=r.model, method=r.method, shape=r.shape, batch=r.batch,
-                            frozen_seed="" if r.frozen_seed is None else r.frozen_seed, frozen_layers=r.frozen_layers,
-                            candidate_layers=r.candidate_layers, frozen_weight_share=f"{r.frozen_weight_share:.4f}",
-                            saved_bytes=r.saved_bytes, saved_bytes_per_sample=f"{r.per_sample:.0f}",
-                            ratio_vs_plain=f"{r.ratio:.3f}", step_ms="" if r.step_ms is None else f"{r.step_ms:.1f}",
-                            reps=r.reps, **common))
+                  cpu_kernels=backend_info()["cpu"], load_avg=f"{load0}/{load1}", date=_results.now())
+    _results.write_rows(csv_path, [
+        dict(model=r.model, method=r.method, shape=r.shape, batch=r.batch,
+             frozen_seed="" if r.frozen_seed is None else r.frozen_seed, frozen_layers=r.frozen_layers,
+             candidate_layers=r.candidate_layers, frozen_weight_share=f"{r.frozen_weight_share:.4f}",
+             saved_bytes=r.saved_bytes, saved_bytes_per_sample=f"{r.per_sample:.0f}", ratio_vs_plain=f"{r.ratio:.3f}",
+             step_ms="" if r.step_ms is None else f"{r.step_ms:.1f}", reps=r.reps, **common)
+        for r in rows], CSV_FIELDS)
     lines = ["# Saved activation bytes of patched models (CPU)", "",
-             "Written by `python bench/patch_memory.py " + " ".join(sys.argv[1:]) + "`.", ""]
+             f"Written by `{_results.command('patch_memory', argv)}`.", ""]
     lines += [f"- {x}" for x in header_lines(args, load0, load1)]
     lines += ["", "## Bytes saved for backward per sample, and step time (forward + backward)", ""]
     lines += main_table(rows, md=True)
@@ -377,8 +364,7 @@ def write_results(out_dir: str, args, rows, summaries_by_model, load0, load1, no
             lines += ["", "```", str(s), "```"]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    _results.write_text(md_path, "\n".join(lines) + "\n")
     return csv_path, md_path
 
 
@@ -460,7 +446,7 @@ def main(argv=None) -> int:
     settings = _timing.Settings(cpu_warmup=0, cpu_min_reps=max(1, args.repeats), cpu_min_time_s=0.0,
                                 cpu_max_reps=max(1, args.repeats), cpu_max_time_s=float("inf"),
                                 cpu_slow_min_reps=max(1, args.repeats), cpu_clock=args.cpu_timer)
-    load0 = _timing.load_average()
+    load0 = _results.load_average()
     for line in header_lines(args, load0, "(running)"):
         print(line)
 
@@ -470,7 +456,7 @@ def main(argv=None) -> int:
         r, s = bench_model(label, arch, args, settings)
         rows += r
         summaries[label] = s
-    load1 = _timing.load_average()
+    load1 = _results.load_average()
 
     print()
     print("\n".join(main_table(rows, md=False)))
@@ -488,9 +474,8 @@ def main(argv=None) -> int:
     print("\n".join(target_lines(rows, args.quick)))
     print("\n".join(_llama_lines(rows)))
 
-    out_dir = args.out_dir or (None if args.quick else os.path.join(HERE, "results"))
-    if out_dir:
-        csv_path, md_path = write_results(out_dir, args, rows, summaries, load0, load1, NOTES)
+    if args.out_dir is not None or not args.quick:
+        csv_path, md_path = write_results(args.out_dir, args, argv, rows, summaries, load0, load1, NOTES)
         print(f"\nwrote {csv_path} and {md_path}")
     return 0
 

@@ -1,7 +1,7 @@
 """Cost of ILSScheduler.step() relative to a BERT-base training step.
 
-    python bench/scheduler_overhead.py                 # CPU (or --device cuda)
-    python bench/scheduler_overhead.py --batch 8 --steps 5
+    python -m bench.scheduler_overhead                 # CPU (or --device cuda)
+    python -m bench.scheduler_overhead --batch 8 --steps 5
 
 Model: BertModel built from BertConfig() (12 layers, hidden 768, 12 heads, FFN 3072; random
 weights, no download), sequence 128, AdamW(weight_decay=0.01), fp32. One iteration =
@@ -13,26 +13,23 @@ training in between (weights do not change, scores tie at 0 and ties go to the f
 the 23M-entry word embedding among them: a pessimistic figure).
 
 Target on a GPU: scheduler.step() <= 2% of a training step. Prints a table and writes
-bench/results/scheduler_overhead_<device>.csv (device name and versions in every row).
+bench/results/scheduler_overhead_<cpu|gpu>.csv (device name and versions in every row).
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/scheduler_overhead.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from _timing import Settings, bench, device_name, now, versions  # noqa: E402
-
-from slimfit.scheduler import ILSScheduler  # noqa: E402
+from bench._results import device_name, now, results_path, versions, write_rows
+from bench._timing import Settings, bench
+from slimfit.scheduler import ILSScheduler
 
 
 def _sync(device):
@@ -103,14 +100,14 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rates", default="0.0,0.5,0.9")
     p.add_argument("--scores", default="relative,robust")
-    p.add_argument("--out", default=None, help="CSV path (default bench/results/scheduler_overhead_<device>.csv)")
+    p.add_argument("--out", default=None, help="CSV path (default bench/results/scheduler_overhead_<cpu|gpu>.csv)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if args.batch is None:
         args.batch = 32 if device.type == "cuda" else 2
     if args.steps is None:
         args.steps = 20 if device.type == "cuda" else 3
-    out = args.out or os.path.join(HERE, "results", f"scheduler_overhead_{device.type}.csv")
+    out = args.out or results_path("scheduler_overhead", "csv", device)
 
     ver = versions()
     dname = device_name(device)
@@ -128,11 +125,7 @@ def main(argv=None):
                          "cuda": ver["cuda"], "model": f"bert-L{args.layers}-H{args.hidden}", "batch": args.batch,
                          "seq": args.seq, "freeze_rate": rate, "score": score, **{
                              k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(out, rows)
     print(f"# wrote {out}")
     return rows
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Saved-for-backward bytes and step time against the strongest default, across sequence lengths (issue 14).
 
-    python bench/seq_sweep.py                  # BERT-base, llama-small, SmolLM2-135M at seq 128..4096, batch 1, CPU;
+    python -m bench.seq_sweep                  # BERT-base, llama-small, SmolLM2-135M at seq 128..4096, batch 1, CPU;
                                                # writes bench/results/seq_sweep_cpu.{csv,md}
-    python bench/seq_sweep.py --quick          # llama-tiny at seq 32 and 64: a smoke check, writes nothing
-    python bench/seq_sweep.py --models llama-small --seqs 256 1024 2048 --max-gib 8
+    python -m bench.seq_sweep --quick          # llama-tiny at seq 32 and 64: a smoke check, writes nothing
+    python -m bench.seq_sweep --models llama-small --seqs 256 1024 2048 --max-gib 8
 
 Models (`slimfit memory`'s architectures, random weights: the bytes saved do not depend on the values):
   bert-base     BertForSequenceClassification, BERT-base sizes; its position table is extended to the longest
@@ -35,27 +35,22 @@ The issue's targets are printed, met or not:
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/seq_sweep.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
 import dataclasses
 import math
-import os
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):  # measure the slimfit of this tree
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import torch  # noqa: E402
-
-import _timing  # noqa: E402
-import slimfit  # noqa: E402
-from slimfit import architectures as archs  # noqa: E402
-from slimfit.config import SlimFitConfig  # noqa: E402
+import slimfit
+from bench import _results
+from slimfit import architectures as archs
+from slimfit.config import SlimFitConfig
 
 ROWS = ("plain-eager", "plain-sdpa", "plain-sdpa+frozen", "paper+frozen", "aggressive+frozen")
 SLIM_ROWS = ("paper+frozen", "aggressive+frozen")
@@ -73,18 +68,6 @@ class Cell:
     step_s: float | None = None    # CPU time of the process per step (what the rows are compared on)
     wall_s: float | None = None    # wall-clock time per step (inflated by other processes on a shared machine)
     note: str = ""
-
-
-def commit_label() -> str:
-    """The commit the numbers ran at, and whether slimfit/ had uncommitted changes then."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "slimfit"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes in slimfit/" if dirty else "")
 
 
 def build(name: str, max_seq: int):
@@ -214,7 +197,8 @@ def targets(cells) -> list[tuple[str, bool | None, str]]:
         out.append((f"T2 SmolLM2 seq 2048 {row}: >= 4x vs plain sdpa all trainable", r_full >= 4, f"{r_full:.2f}x"))
         out.append((f"T2 SmolLM2 seq 2048 {row}: >= 2x vs plain sdpa same frozen set", r_fro >= 2, f"{r_fro:.2f}x"))
         out.append((f"T2 SmolLM2 seq 2048 {row}: step time <= 1.2x plain sdpa same frozen set", t <= 1.2,
-                    f"CPU {c.step_s:.1f} s vs {fro.step_s:.1f} s = {t:.2f}x (wall {c.wall_s:.1f} vs {fro.wall_s:.1f} s)"))
+                    f"CPU {c.step_s:.1f} s vs {fro.step_s:.1f} s = {t:.2f}x "
+                    f"(wall {c.wall_s:.1f} vs {fro.wall_s:.1f} s)"))
     for row in SLIM_ROWS:
         c = _get(cells, "bert-base", 128, row)
         eager, sdpa = _get(cells, "bert-base", 128, "plain-eager"), _get(cells, "bert-base", 128, "plain-sdpa")
@@ -270,17 +254,17 @@ def render_md(cells, header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(cells, header, out_dir: str, commit: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "seq_sweep_cpu.csv"), "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["commit", "model", "seq", "batch", "row", "saved_bytes", "step_cpu_s", "step_wall_s", "note"])
-        for c in cells:
-            w.writerow([commit, c.model, c.seq, 1, c.row, c.saved if c.saved is not None else "",
-                        f"{c.step_s:.4f}" if c.step_s is not None else "",
-                        f"{c.wall_s:.4f}" if c.wall_s is not None else "", c.note])
-    with open(os.path.join(out_dir, "seq_sweep_cpu.md"), "w") as fh:
-        fh.write(render_md(cells, header))
+CSV_FIELDS = ["commit", "model", "seq", "batch", "row", "saved_bytes", "step_cpu_s", "step_wall_s", "note"]
+
+
+def write(cells, header, out_dir: str | None, commit: str) -> str:
+    csv_path = _results.results_path("seq_sweep", "csv", "cpu", out_dir)
+    _results.write_rows(csv_path, [[commit, c.model, c.seq, 1, c.row, c.saved if c.saved is not None else "",
+                                    f"{c.step_s:.4f}" if c.step_s is not None else "",
+                                    f"{c.wall_s:.4f}" if c.wall_s is not None else "", c.note] for c in cells],
+                        CSV_FIELDS)
+    _results.write_text(_results.results_path("seq_sweep", "md", "cpu", out_dir), render_md(cells, header))
+    return csv_path
 
 
 def main(argv=None) -> int:
@@ -295,18 +279,18 @@ def main(argv=None) -> int:
     p.add_argument("--retime-under", type=float, default=90.0,
                    help="time one more step without hooks when the measured one took less (seconds)")
     p.add_argument("--quick", action="store_true", help="llama-tiny at seq 32 and 64; writes nothing")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=None, help="output folder (default bench/results)")
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.seqs = ["llama-tiny"], [32, 64]
     if args.threads:
         torch.set_num_threads(args.threads)
-    commit = commit_label()
+    commit = _results.commit_label()
     import transformers
 
     header = ["# Saved-for-backward bytes and step time vs sequence length (bench/seq_sweep.py)", "",
-              "Command: `python bench/seq_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`", "",
-              f"Commit: {commit}; {_timing.now()}; {_timing.cpu_model()}, {torch.get_num_threads()} threads; "
+              f"Command: `{_results.command('seq_sweep', argv)}`", "",
+              f"Commit: {commit}; {_results.now()}; {_results.cpu_model()}, {torch.get_num_threads()} threads; "
               f"torch {torch.__version__}, transformers {transformers.__version__}.",
               f"Batch 1, fp32, train mode, CPU. Frozen set: ILSScheduler(freeze_rate={FREEZE_RATE}, seed=0) at its "
               "first step. MiB = bytes autograd saves for backward in one step (slimfit.memory). 'stronger baseline' "
@@ -322,8 +306,7 @@ def main(argv=None) -> int:
     print()
     print(render_md(cells, []))
     if not args.quick:
-        write(cells, header, args.out, commit)
-        print(f"wrote {os.path.join(args.out, 'seq_sweep_cpu.csv')} and .md")
+        print(f"wrote {write(cells, header, args.out, commit)} and .md")
     return 0
 
 

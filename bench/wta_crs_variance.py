@@ -1,7 +1,7 @@
 """Variance of the sampled weight gradient (WTA-CRS vs plain CRS vs exact) on real fine-tuning data,
 and the activation bytes it saves.
 
-    python bench/wta_crs_variance.py [--batch 32] [--max-length 64] [--ratio 0.3] [--gap-steps 5]
+    python -m bench.wta_crs_variance [--batch 32] [--max-length 64] [--ratio 0.3] [--gap-steps 5]
                                       [--seeds 100] [--layers 1,4] [--csv PATH]
 
 Data: the pretrained all-MiniLM-L6-v2 (a 6-layer BERT, hidden 384, FFN 1536) with a fresh
@@ -35,20 +35,20 @@ patch does not do it yet).
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/wta_crs_variance.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import csv
-import os
 import re
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from slimfit.autograd import wta_crs as W  # noqa: E402
-from slimfit.autograd.sampled_linear import sampled_linear  # noqa: E402
-from slimfit.memory import measure  # noqa: E402
+from bench import _results
+from slimfit.autograd import wta_crs as W
+from slimfit.autograd.sampled_linear import sampled_linear
+from slimfit.memory import measure
 
 TARGETS = {  # BERT module suffix -> label
     "attention.output.dense": "attn-out",
@@ -210,10 +210,7 @@ def main(argv=None):
                 m = _measured(x, g, p, k, args.seeds)
                 meas = (f"{m['crs']:.4f}", f"{m['wta_crs']:.4f}")
             rows.append([li, label, n, k, pname, c, f"{crs:.4f}", f"{wta:.4f}", f"{wta / crs:.3f}", *meas])
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-    for r in rows:
-        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    print("\n".join(_results.text_table(header, rows, right=range(len(header)))))
     print("# query* is not a target (the paper leaves Q/K/V exact); shown for reference")
 
     # ---------------------------------------------------------------- bytes
@@ -250,10 +247,7 @@ def main(argv=None):
           f"{len(saved_forwards)} linears)")
     print(f"# {time.time() - t0:.0f} s")
     if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            wr = csv.writer(fh)
-            wr.writerow(header)
-            wr.writerows(rows)
+        _results.write_rows(args.csv, rows, header)
 
 
 if __name__ == "__main__":

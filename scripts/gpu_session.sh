@@ -4,8 +4,8 @@
 #
 #   bash scripts/gpu_session.sh build     # build slimfit._C in place (C++ + CUDA), print `slimfit env`
 #   bash scripts/gpu_session.sh test      # build, then the GPU tests and every test parametrized over cuda
-#   bash scripts/gpu_session.sh kernels   # build, then bench/kernels.py --device cuda
-#   bash scripts/gpu_session.sh e2e       # build, then bench/e2e.py --device cuda (BERT-base, ViT-B/16, batch 128)
+#   bash scripts/gpu_session.sh kernels   # build, then python -m bench.kernels --device cuda
+#   bash scripts/gpu_session.sh e2e       # build, then python -m bench.e2e --device cuda (BERT-base, ViT-B/16, batch 128)
 #
 # Results and logs go to $RESULTS (default: $OUT when set, else bench/results). The build is in place
 # (slimfit/_C*.so, build/: both git-ignored), so a later stage on the same machine only relinks.
@@ -37,7 +37,7 @@ case "$stage" in
     "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels tests/autograd \
       2>&1 | tee "$RESULTS/gpu_pytest.log" | tail -25 ;;
   kernels)
-    "$PY" bench/kernels.py --device cuda --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_kernels.log" ;;
+    "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_kernels.log" ;;
   e2e)
-    "$PY" bench/e2e.py --device cuda --repeats 5 --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_e2e.log" ;;
+    "$PY" -m bench.e2e --device cuda --repeats 5 --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_e2e.log" ;;
 esac

@@ -1,19 +1,18 @@
 """bench/accuracy.py's Markdown: one table per protocol, gaps paired within a protocol only."""
 from __future__ import annotations
 
-from ._load import load_bench
+from bench import accuracy
 
 
-def _row(method, seed, steps, accuracy, saved=100.0, lr="0.0001"):
+def _row(method, seed, steps, acc, saved=100.0, lr="0.0001"):
     return {"task": "t", "method": method, "seed": str(seed), "steps": str(steps), "batch_size": "32", "lr": lr,
-            "max_length": "48", "n_train": "8000", "n_test": "2000", "accuracy": str(accuracy),
+            "max_length": "48", "n_train": "8000", "n_test": "2000", "accuracy": str(acc),
             "saved_mib": str(saved), "peak_mib": "", "step_ms": "10.0", "frozen_share": "0.0",
             "trainable_params": "100", "loss_first10": "0.7", "loss_last10": "0.5", "device": "cpu",
             "torch": "x", "date": "d"}
 
 
 def test_each_protocol_gets_its_own_table_and_paired_gap():
-    accuracy = load_bench("accuracy")
     rows = [_row("full", 0, 150, 0.80), _row("paper@0.9", 0, 150, 0.70, saved=10.0),
             _row("full", 0, 750, 0.84), _row("paper@0.9", 0, 750, 0.83, saved=10.0),
             _row("lora", 0, 750, 0.82, lr="0.0005")]
@@ -27,7 +26,6 @@ def test_each_protocol_gets_its_own_table_and_paired_gap():
 
 
 def test_full_fine_tuning_heads_each_table():
-    accuracy = load_bench("accuracy")
     rows = [_row("paper@0.9", 0, 500, 0.80), _row("full", 0, 500, 0.82), _row("aggressive@0.9", 0, 500, 0.81)]
     md = accuracy.render_markdown(rows, "# title", lambda n: f"seq <= {n}")
     order = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "---" not in line]
@@ -37,7 +35,6 @@ def test_full_fine_tuning_heads_each_table():
 def test_head_suffix_only_on_scheduled_methods():
     import pytest
 
-    accuracy = load_bench("accuracy")
     for spec in ("paper@0.9+head", "exact@0.5+head", "wta_crs@0.9+head"):
         prepare, few_params_lr = accuracy.method_prepare(spec)
         assert callable(prepare) and not few_params_lr
@@ -48,7 +45,6 @@ def test_head_suffix_only_on_scheduled_methods():
 
 
 def test_parse_spec():
-    accuracy = load_bench("accuracy")
     assert accuracy.parse_spec("paper@0.9+head") == ("paper", 0.9, {"head": True})
     assert accuracy.parse_spec("wta_crs@0.5") == ("wta_crs", 0.5, {})
     assert accuracy.parse_spec("lora") == ("lora", None, {})

