@@ -79,11 +79,20 @@ def _math_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
     return torch.float32 if device_type == "cpu" else dtype
 
 
+def _bmm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for (..., m, k) @ (..., k, n) with equal leading dims, as one bmm on 3-D views: the
+    GEMM torch.matmul runs (same bits) without its expand/reshape round trip (fewer dispatched ops)."""
+    lead = a.shape[:-2]
+    batch = math.prod(lead)
+    out = torch.bmm(a.reshape(batch, a.shape[-2], a.shape[-1]), b.reshape(batch, b.shape[-2], b.shape[-1]))
+    return out.view(*lead, a.shape[-2], b.shape[-1])
+
+
 def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
     """P = softmax(q·kᵀ·scale + mask) in fp32. A row whose keys are all masked gives zeros
     (as PyTorch's scaled_dot_product_attention), not NaN."""
     mdt = _math_dtype(q.dtype, q.device.type)
-    scores = torch.matmul(q.to(mdt), k.to(mdt).transpose(-2, -1)) * scale
+    scores = _bmm(q.to(mdt), k.to(mdt).transpose(-2, -1)) * scale
     # A fresh tensor either way (the cast is a no-op for fp32), so masking may work in place.
     scores = _masked_scores(scores.to(torch.float32), attn_mask, is_causal)
     p = torch.softmax(scores, dim=-1)
@@ -99,11 +108,11 @@ def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -
     mdt = _math_dtype(v.dtype, v.device.type)
     p, vm = p32.to(mdt), v.to(mdt)
     if seed is None:
-        out = torch.matmul(p, vm)
+        out = _bmm(p, vm)
     elif dropout_mode == "seed":
-        out = torch.matmul(apply_seeded_dropout(p, dropout_p, seed), vm)
+        out = _bmm(apply_seeded_dropout(p, dropout_p, seed), vm)
     else:  # on_v
-        out = torch.matmul(p, apply_seeded_dropout(vm, dropout_p, seed))
+        out = _bmm(p, apply_seeded_dropout(vm, dropout_p, seed))
     return out.to(v.dtype)
 
 
@@ -182,17 +191,17 @@ class _AttentionFn(torch.autograd.Function):
         dp, mode = ctx.dropout_p, ctx.dropout_mode
         if seed is not None and mode == "seed":  # the mask is regenerated once, used twice
             keep = keep_mask(p, dp, seed)
-            grad_v = torch.matmul(apply_keep(p, keep, dp).transpose(-2, -1), go)
-            grad_p = apply_keep(torch.matmul(go, v.transpose(-2, -1)), keep, dp)
+            grad_v = _bmm(apply_keep(p, keep, dp).transpose(-2, -1), go)
+            grad_p = apply_keep(_bmm(go, v.transpose(-2, -1)), keep, dp)
             del keep
         elif seed is not None:  # on_v: O = P·D(V)
             keep = keep_mask(v, dp, seed)
-            grad_v = apply_keep(torch.matmul(p.transpose(-2, -1), go), keep, dp)
-            grad_p = torch.matmul(go, apply_keep(v, keep, dp).transpose(-2, -1))
+            grad_v = apply_keep(_bmm(p.transpose(-2, -1), go), keep, dp)
+            grad_p = _bmm(go, apply_keep(v, keep, dp).transpose(-2, -1))
             del keep
         else:
-            grad_v = torch.matmul(p.transpose(-2, -1), go)
-            grad_p = torch.matmul(go, v.transpose(-2, -1))
+            grad_v = _bmm(p.transpose(-2, -1), go)
+            grad_p = _bmm(go, v.transpose(-2, -1))
         del v, p
 
         # softmax backward in fp32 (no-op casts for fp32 inputs): dS = P∘(dP − rowsum(dP∘P)),
@@ -206,11 +215,11 @@ class _AttentionFn(torch.autograd.Function):
 
         gs = (grad_s * ctx.scale).to(mdt)
         del grad_s
-        grad_q = torch.matmul(gs, k).to(cdt) if ctx.needs_input_grad[0] else None
+        grad_q = _bmm(gs, k).to(cdt) if ctx.needs_input_grad[0] else None
         # dK = dSᵀ·Q computed as (Qᵀ·dS)ᵀ: the same GEMM autograd runs for q @ k.mT.
         grad_k = None
         if ctx.needs_input_grad[1]:
-            grad_k = torch.matmul(q.transpose(-2, -1), gs).transpose(-2, -1).to(cdt)
+            grad_k = _bmm(q.transpose(-2, -1), gs).transpose(-2, -1).to(cdt)
         grad_v = grad_v.to(cdt) if ctx.needs_input_grad[2] else None
         return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 9
 
