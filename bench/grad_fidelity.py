@@ -84,7 +84,7 @@ def _minilm(batch_size: int):
 
 
 def _dinov2(batch_size: int):
-    from slimfit.demo import vision_assets as va
+    from bench.assets import vision as va
 
     images, labels = va.load_fashion_mnist("train", limit=batch_size)
     batch = {"pixel_values": va.fashion_mnist_pixels(images, 56), "labels": labels}

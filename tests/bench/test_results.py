@@ -14,7 +14,8 @@ def test_results_paths_and_device_tags(tmp_path):
     torch = pytest.importorskip("torch")
     assert _results.device_tag(torch.device("cpu")) == "cpu"
     assert _results.results_path("e2e", "md", "cuda") == os.path.join(_results.RESULTS_DIR, "e2e_gpu.md")
-    assert _results.results_path("accuracy_text", "csv", "cpu", str(tmp_path)) == str(tmp_path / "accuracy_text_cpu.csv")
+    assert _results.results_path("accuracy_text", "csv", "cpu", str(tmp_path)) == str(tmp_path /
+                                                                                     "accuracy_text_cpu.csv")
     assert _results.results_path("kernels_static_sm90", "md") == os.path.join(_results.RESULTS_DIR,
                                                                               "kernels_static_sm90.md")
     assert _results.results_path("attention_memory", "", "cpu").endswith(os.sep + "attention_memory_cpu")

