@@ -1,31 +1,56 @@
-"""torch.library.opcheck on every op, through the dispatcher (whatever backend serves CPU)."""
+"""torch.library.opcheck on every registered op (slimfit/kernels/_ops.py), through the dispatcher:
+on CPU (the C++ kernels, or the reference with SLIMFIT_BACKEND=reference) and on CUDA (the extension's
+kernels or Triton; marked `gpu`). One table of sample arguments; a new op adds its rows here."""
+import itertools
+
 import pytest
 import torch
 
-import slimfit  # noqa: F401
-
-CASES = {
-    "quantize": lambda: ((torch.randn(3, 77), 4, 32, True, 5), {}),
-    "dequantize": lambda: (
-        tuple(torch.ops.slimfit.quantize(torch.randn(3, 77), 4, 32, False, 0)) + (4, 32, [3, 77], torch.float16),
-        {},
-    ),
-    "topk_prune": lambda: ((torch.randn(4, 50), 5, True), {}),
-    "topk_restore": lambda: (tuple(torch.ops.slimfit.topk_prune(torch.randn(4, 50), 5, False)) + (50,), {}),
-    "pack_bits": lambda: ((torch.rand(3, 11) > 0.5,), {}),
-    "unpack_bits": lambda: ((torch.randint(0, 255, (5,), dtype=torch.uint8), 37), {}),
-    "dropout_mask": lambda: ((torch.randn(6, 7), 0.25, 3), {}),
-    "seeded_dropout": lambda: ((torch.randn(6, 7), 0.25, 3), {}),
-}
+from _backends import FLOATS, OPS, gen, randn
+from slimfit.kernels import reference
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_opcheck(name):
-    args, kwargs = CASES[name]()
-    torch.library.opcheck(getattr(torch.ops.slimfit, name).default, args, kwargs)
+def _table():
+    x = randn((3, 77))
+    xh = randn((2, 40), torch.bfloat16)
+    rows = [
+        ("quantize", (xh, 2, 32, False, 0)),
+        ("topk_prune", (randn((4, 50)), 5, True)),
+        ("topk_prune", (x, 8, False)),
+        ("topk_restore", (*reference.topk_prune(x, 8, True), 77)),
+        ("pack_bits", (torch.rand(3, 11, generator=gen(1)) > 0.5,)),
+        ("unpack_bits", (torch.randint(0, 255, (5,), dtype=torch.uint8, generator=gen(2)), 37)),
+        ("dropout_mask", (x, 0.2, 3)),
+        ("seeded_dropout", (xh, 0.2, 3)),
+        ("seeded_dropout", (randn((6, 7)), 0.25, 3)),
+    ]
+    # every dtype with every shape, both argument sets; every output dtype
+    for dtype, shape in itertools.product(FLOATS, [(3, 77), (1,), (2, 3, 5)]):
+        rows += [
+            ("quantize", (randn(shape, dtype, seed=1), 4, 32, True, 5)),
+            ("quantize", (randn(shape, dtype, seed=1), 8, 128, False, 0)),
+            ("dequantize", (*reference.quantize(randn(shape, seed=2), 4, 64, False, 0), 4, 64, list(shape), dtype)),
+        ]
+    return rows
 
 
-def test_every_schema_is_checked():
-    from slimfit.kernels import SCHEMAS
+TABLE = _table()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
-    assert set(SCHEMAS) == set(CASES)
+
+def _args_id(args):
+    return "-".join(f"{a.dtype}{list(a.shape)}".replace("torch.", "") if isinstance(a, torch.Tensor) else str(a)
+                    for a in args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,args", TABLE, ids=[f"{n}-{_args_id(a)}" for n, a in TABLE])
+def test_opcheck(name, args, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    torch.library.opcheck(getattr(torch.ops.slimfit, name).default, args)
+
+
+def test_every_op_is_in_the_table():
+    assert {name for name, _ in TABLE} == set(OPS)
