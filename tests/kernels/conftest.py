@@ -10,7 +10,6 @@ backend name, given False (not run there) or {param: (values, ...)} (only the ca
 is one of those values). The other cases are deselected (counted in the summary), never skipped.
 """
 import pytest
-
 from _backends import INTERPRET, make_backend
 
 BACKENDS = [

@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 from _backends import gen, randn
+
 from slimfit import kernels as K
 
 

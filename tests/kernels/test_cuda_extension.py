@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from _backends import FLOATS, assert_same, make_backend, randn  # noqa: E402
+
 from slimfit import kernels as K  # noqa: E402
 from slimfit.kernels import reference as R  # noqa: E402
 
@@ -25,7 +26,7 @@ ops = torch.ops.slimfit
 def test_served_by_the_extension():
     for op in ("quantize", "dequantize"):
         dump = torch._C._dispatch_dump(f"slimfit::{op}")
-        line = next(l for l in dump.splitlines() if l.startswith("CUDA:"))
+        line = next(ln for ln in dump.splitlines() if ln.startswith("CUDA:"))
         assert "quantize.cu" in line, line
     assert not {"quantize", "dequantize"} & make_backend("cuda").triton_ops
 

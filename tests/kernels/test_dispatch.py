@@ -1,7 +1,7 @@
 """Which implementation serves torch.ops.slimfit on each device (slimfit/kernels/_ops.py)."""
 import torch
-
 from _backends import make_backend
+
 from slimfit.kernels import SCHEMAS, backend_info
 
 

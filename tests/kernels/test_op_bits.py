@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from _backends import LAUNCHES, check, gen
 
 

@@ -3,8 +3,8 @@ ones, every output dtype, codes that start mid-word, strided scales; argument er
 (Round trips and the properties of quantize's output: test_op_quantize.py.)"""
 import pytest
 import torch
-
 from _backends import BITS, COMPARED, FLOATS, GROUP_SIZES, LAUNCHES, check, gen, randn
+
 from slimfit.kernels import reference
 
 SHAPES = [(1,), (), (7,), (3, 77), (2, 3, 5), (0, 5), (4, 256), (1000,), (5, 300)]

@@ -3,7 +3,6 @@ element i when u(seed, i) >= p; kept values are x * fp32(1 / (1 - p))), reproduc
 keep rate 1 - p; errors."""
 import pytest
 import torch
-
 from _backends import COMPARED, FLOATS, LAUNCHES, check, non_contiguous, randn
 
 P_VALUES = [0.0, 0.1, 0.5, 0.5 + 1e-12, 0.3000000001, 0.9, 1.0]

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from _backends import BITS, COMPARED, FLOATS, GROUP_SIZES, LAUNCHES, assert_same, check, non_contiguous, randn
+
 from slimfit import kernels as K
 from slimfit.kernels import reference
 

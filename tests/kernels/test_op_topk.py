@@ -3,8 +3,8 @@ their bits: NaN of either sign, +-0, ties kept at the lowest indices), the same 
 int16/int32 indices, the row lengths of real models, rows cut into chunks; argument errors."""
 import pytest
 import torch
-
 from _backends import COMPARED, FLOATS, LAUNCHES, check, gen, randn, ties, ties_nan_inf
+
 from slimfit.kernels import reference
 from slimfit.kernels.validation import topk_index_dtype
 

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 import torch
-
 from _backends import FLOATS, OPS, gen, randn
+
 from slimfit.kernels import reference
 
 

@@ -9,8 +9,8 @@ import inspect
 
 import pytest
 import torch
-
 from _backends import INTERPRET, OPS, assert_same, check, gen, make_backend, randn, ties
+
 from slimfit.kernels import reference, rng
 
 if not INTERPRET and not torch.cuda.is_available():
@@ -19,7 +19,8 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 try:
     import slimfit.kernels.triton as T
-    from slimfit.kernels.triton import _rng, topk as topk_mod
+    from slimfit.kernels.triton import _rng
+    from slimfit.kernels.triton import topk as topk_mod
 except Exception as exc:  # pragma: no cover - a triton too old for the kernels
     pytest.skip(f"slimfit Triton kernels not importable: {exc}", allow_module_level=True)
 
