@@ -180,9 +180,6 @@ def test_seeds_reproducible_and_distinct(backend):
 def test_negative_seed_reads_as_unsigned(backend):
     """The op (not the wrapper, which refuses it) accepts any int64 seed and reads it as unsigned
     64-bit, as the reference does."""
-    if "quantize" in backend.triton_ops:
-        pytest.xfail("the Triton quantize launcher refuses seeds < 0 (ValueError) that the reference and "
-                     "the C++ kernels read as unsigned 64-bit")
     check(backend, "quantize", randn((4, 129), device=backend.device), 4, 64, True, -3)
 
 

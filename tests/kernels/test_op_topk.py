@@ -175,9 +175,6 @@ def test_empty(backend):
 
 def test_k_zero(backend):
     """k = 0 is a valid op call (the wrappers ask for k >= 1): empty values and indices per row."""
-    if "topk_prune" in backend.triton_ops:
-        pytest.xfail("the Triton topk_prune launcher refuses k = 0 (ValueError) that the op's checks, the "
-                     "reference and the C++ kernel accept")
     prune_restore(backend, randn((3, 4), device=backend.device), 0, False)
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validation import check_float_input, check_quant_args, check_seed, num_groups, packed_code_bytes
+from ..validation import check_quant_args, num_groups, op_quantize, packed_code_bytes
 from . import _rng
 from ._common import on_device
 
@@ -174,9 +174,7 @@ def _quantize_kernel(
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed: int):
-    check_float_input(x, "quantize")
-    check_quant_args(bits, group_size)
-    check_seed(seed, "quantize")
+    op_quantize(x, bits, group_size, stochastic, seed)  # the op's contract: any int64 seed, read as unsigned
     n = x.numel()
     ng = num_groups(n, group_size)
     nbytes = packed_code_bytes(n, bits)

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validation import check_topk_args, topk_index_dtype
+from ..validation import op_topk_prune, topk_index_dtype
 from ._common import on_device
 
 REGISTER_ROW_MAX = 8192   # rows up to this length pick their chunk freely (one chunk: in registers)
@@ -190,11 +190,11 @@ def _topk_kernel(
 
 
 def topk_prune(x: torch.Tensor, k: int, by_magnitude: bool):
-    check_topk_args(x, k)
+    op_topk_prune(x, k, by_magnitude)  # the op's contract: k in [0, row length]
     row_len = x.shape[-1]
     lead = tuple(x.shape[:-1])
     index_dtype = topk_index_dtype(row_len)
-    if row_len == 0:  # the reference keeps min(k, 0) = 0 entries per row
+    if row_len == 0 or k == 0:  # nothing kept per row (the reference keeps min(k, row) entries)
         return x.new_empty(lead + (0,)), torch.empty(lead + (0,), dtype=index_dtype, device=x.device)
     values = torch.empty(lead + (k,), dtype=x.dtype, device=x.device)
     indices = torch.empty(lead + (k,), dtype=index_dtype, device=x.device)
