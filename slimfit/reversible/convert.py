@@ -23,8 +23,8 @@ from torch import nn
 
 from ..patch.modules import patched_class
 from .adapter import Adapter
-from .layouts import SUPPORTED, UnsupportedModel, layout_of_layer
 from .function import ReversibleStack, coupling, layer_seeds, split_tensors, swap_pair
+from .layouts import SUPPORTED, UnsupportedModel, layout_of_layer
 
 STATE = "_slimfit_meft"          # per layer: {"plan", "index", "original_class"}
 MODEL_STATE = "_slimfit_meft_model"
