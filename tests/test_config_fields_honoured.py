@@ -1,0 +1,104 @@
+"""Every SlimFitConfig field is honoured: changing it (from a config where it applies) changes what a
+training step saves, the gradients it gives, or raises. A field added without a case here fails
+`test_every_field_has_a_case`, so no option can be accepted and silently ignored."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import slimfit
+from slimfit import SlimFitConfig, memory
+from tests.patch.tiny_models import BATCH, build
+
+EXACT = SlimFitConfig.exact()
+ATTENTION = EXACT.replace(attention=True)
+MATERIALIZE = ATTENTION.replace(attention_path="materialize")
+SAMPLED = SlimFitConfig.paper().replace(linear_sampling="wta_crs", sample_ratio=0.5, sample_min_rows=1)
+
+# field -> (config it applies to, another valid value, the tiny model, what must change)
+#   'bytes': saved-for-backward bytes of one training step; 'grads': the gradients of that step
+CASES = {
+    "linear_input_bits": (EXACT, 8, "bert", "bytes"),
+    "ffn_out_input_bits": (EXACT, 8, "bert", "bytes"),
+    "gelu_bits": (EXACT, 4, "bert", "bytes"),
+    "silu_bits": (EXACT, 4, "llama", "bytes"),
+    "layernorm": (EXACT, "int8", "bert", "bytes"),
+    "layernorm_frozen": (EXACT, "int8", "bert-frozen-norms", "bytes"),
+    "layernorm_keep_ratio": (EXACT.replace(layernorm="topk"), 0.5, "bert", "bytes"),
+    "attention": (EXACT, True, "bert", "bytes"),
+    "qkv_bits": (ATTENTION, 8, "bert", "bytes"),
+    "attn_probs": (MATERIALIZE, "int8", "bert", "bytes"),
+    "attn_keep_ratio": (MATERIALIZE.replace(attn_probs="topk"), 0.5, "bert", "bytes"),
+    "attn_dropout_on_v": (MATERIALIZE, True, "bert", "grads"),
+    "attention_path": (ATTENTION.replace(attn_probs="int8"), "materialize", "bert-no-dropout", "bytes"),
+    "dropout": (EXACT, "bitmask", "bert", "bytes"),
+    "group_size": (EXACT.replace(gelu_bits=4), 32, "bert", "bytes"),
+    # without dropout: stochastic=True also advances torch's generator once per forward (side seeds), which
+    # would change dropout masks; here only the rounding of the 4-bit GELU input can change the gradients
+    "stochastic": (EXACT.replace(gelu_bits=4), True, "bert-no-dropout", "grads"),
+    "linear_sampling": (SlimFitConfig.paper(), "wta_crs", "bert", "grads"),
+    "sample_ratio": (SAMPLED, 0.2, "bert", "bytes"),
+    "sample_min_rows": (SAMPLED.replace(sample_ratio=0.05), 30, "bert", "bytes"),
+    "sample_targets": (SAMPLED, "all", "bert", "bytes"),
+    "sample_norms": (SAMPLED, "sample", "bert", "grads"),
+    "lm_head_chunk_rows": (EXACT, 16, "llama", "bytes"),
+    "check_finite": (EXACT.replace(gelu_bits=4), True, "bert-nan", "raises"),
+}
+
+
+def _step(config: SlimFitConfig, model_kind: str):
+    """(saved bytes, gradients) of one seeded training step of a tiny model patched with `config`;
+    or the exception the step raised."""
+    family = "llama" if model_kind == "llama" else "bert"
+    model, inputs = build(family)
+    if model_kind == "bert-no-dropout":
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        model.config.attention_probs_dropout_prob = 0.0
+    model = slimfit.patch(model, config)
+    model.train()
+    if model_kind == "bert-frozen-norms":
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.requires_grad_(False)
+    if config.linear_sampling is not None:
+        inputs = {**inputs, "sample_ids": torch.arange(BATCH)}
+    if model_kind == "bert-nan":  # a NaN reaching a compressed activation
+        model.bert.embeddings.word_embeddings.weight.data[inputs["input_ids"][0, 0]] = float("nan")
+    torch.manual_seed(0)
+    run = memory.measure(model, **inputs)
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    model(**inputs).loss.backward()
+    if config.linear_sampling is not None:  # a second step: sampling by the norms cached on the first
+        torch.manual_seed(1)
+        model.zero_grad(set_to_none=True)
+        model(**inputs).loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return run.total, grads
+
+
+def test_every_field_has_a_case():
+    assert set(CASES) == {f.name for f in dataclasses.fields(SlimFitConfig)}
+
+
+@pytest.mark.parametrize("field", sorted(CASES))
+def test_field_changes_the_step(field):
+    base, value, model_kind, what = CASES[field]
+    assert getattr(base, field) != value
+    changed = base.replace(**{field: value})
+    if what == "raises":
+        _step(base, model_kind)  # the unchecked step runs (NaN propagates silently)
+        with pytest.raises(ValueError, match="NaN|Inf|non-finite"):
+            _step(changed, model_kind)
+        return
+    bytes_0, grads_0 = _step(base, model_kind)
+    bytes_1, grads_1 = _step(changed, model_kind)
+    if what == "bytes":
+        assert bytes_1 != bytes_0, f"{field}={value!r} saved the same {bytes_0} bytes"
+    else:
+        assert grads_1.shape != grads_0.shape or not torch.equal(grads_1, grads_0), \
+            f"{field}={value!r} gave the same gradients"
