@@ -287,8 +287,8 @@ def _swiglu_fn(mlp):
     o = vars(mlp).get(OPTIONS)
     if o is None:  # plain PyTorch (or a preset that leaves the MLP alone)
         return lambda gate, up: mlp.act_fn(gate) * up
-    return lambda gate, up: swiglu(gate, up, bits=o["bits"], group_size=o["group_size"], stochastic=o["stochastic"],
-                                   check_finite=o.get("check_finite", False))
+    return lambda gate, up: swiglu(gate, up, bits=o.bits, group_size=o.group_size, stochastic=o.stochastic,
+                                   check_finite=o.check_finite)
 
 
 def _attention_path(model) -> str:

@@ -8,87 +8,17 @@ import warnings
 from torch import nn
 
 from ..config import SlimFitConfig
-from . import hf_attention, torch_attention
+from . import handlers, hf_attention, torch_attention
 from .families import family_for
-from ..autograd.norm_cache import NormCache
-from .modules import (
-    OPTIONS,
-    ORIGINAL_CLASS,
-    Conv1DMixin,
-    ConvMixin,
-    DropoutMixin,
-    GELUMixin,
-    LayerNormMixin,
-    LinearMixin,
-    RMSNormMixin,
-    SiLUMixin,
-    SwiGLUMixin,
-    patched_class,
-)
+from .handlers import PatchContext
+from .modules import OPTIONS, ORIGINAL_CLASS
+from .options import AttentionOptions
 from .sampling import (NORM_CACHE, SampleIds, install_hooks, install_new_module_check, install_seed_hook, norm_caches,
                        remove_hooks, sample_ids)
 from .summary import PatchSummary
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 
 MODEL_STATE = "_slimfit_state"
-
-
-def _gelu_kinds() -> dict:
-    """Exact activation classes -> 'none' | 'tanh' (the approximation they compute)."""
-    kinds = {nn.GELU: None}
-    try:
-        from transformers import activations as act
-
-        for name, approx in (("GELUActivation", "none"), ("NewGELUActivation", "tanh"),
-                             ("GELUTanh", "tanh"), ("PytorchGELUTanh", "tanh")):
-            if hasattr(act, name):
-                kinds[getattr(act, name)] = approx
-    except ImportError:
-        pass
-    return kinds
-
-
-def _silu_classes() -> tuple:
-    classes = [nn.SiLU]
-    try:
-        from transformers.activations import SiLUActivation
-
-        classes.append(SiLUActivation)
-    except ImportError:
-        pass
-    return tuple(classes)
-
-
-# Modules whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and RMSNorms whose
-# forward is exactly LlamaRMSNorm's (fp32 x * rsqrt(mean(x²) + eps), cast back, times weight). Checked
-# against the installed transformers' modeling code; other variants (Gemma's (1 + w), fused gate_up
-# projections) are left alone and reported.
-SWIGLU_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP")
-LLAMA_RMSNORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-def _conv1d_class():
-    try:
-        from transformers.pytorch_utils import Conv1D
-
-        return Conv1D
-    except ImportError:
-        return None
-
-
-_NOT_COMPRESSED = {
-    "QuickGELUActivation": "QuickGELU is not GELU (saved as in PyTorch)",
-    "FastGELUActivation": "FastGELU's formula differs from GELU (saved as in PyTorch)",
-}
-_RMSNORM_UNKNOWN = "RMSNorm variant whose formula slimfit does not know (saved as in PyTorch)"
-
-
-def _swap(module: nn.Module, mixin: type, options: dict) -> None:
-    original = type(module)
-    setattr(module, ORIGINAL_CLASS, original)
-    setattr(module, OPTIONS, options)
-    module.__class__ = patched_class(original, mixin)
 
 
 def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modules=None, exclude_modules=None,
@@ -115,91 +45,33 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
     caches = _release_patched(model, config)
 
     family = family_for(model)
-    summary = PatchSummary(family=family.name if family else "generic")
-    gelu_kinds = _gelu_kinds()
-    silu_classes = _silu_classes()
-    conv1d = _conv1d_class()
-    common = {"group_size": config.group_size, "stochastic": config.stochastic, "check_finite": config.check_finite}
-    norm_options = {"save": config.layernorm, "save_frozen": config.layernorm_frozen,
-                    "keep_ratio": config.layernorm_keep_ratio, "group_size": config.group_size,
-                    "check_finite": config.check_finite}
-    norms_full = config.layernorm == "full" and config.layernorm_frozen == "full"
+    summary = PatchSummary(family=family.name if family else "generic", notes=family.notes if family else ())
     holder = SampleIds() if config.linear_sampling else None
-    inside_swiglu: set = set()  # act_fn modules a patched SwiGLU MLP computes itself
+    ctx = PatchContext(config, family, sample_ids=holder)
 
-    for name, module in model.named_modules():
-        cls = type(module)
-        if ORIGINAL_CLASS in vars(module) or id(module) in inside_swiglu:
+    for name, module in model.named_modules():  # each selected module: the first handler that matches it
+        if ORIGINAL_CLASS in vars(module) or id(module) in ctx.claimed:
             continue
         why_not = keep(name)
-        if why_not:
-            if not any(True for _ in module.children()) and name:
-                summary.skipped.append((name, cls.__name__, why_not))
-            continue
-        if cls is nn.Linear or cls.__name__ == "NonDynamicallyQuantizableLinear" or (conv1d is not None and cls is conv1d):
-            is_ffn_out = family is not None and family.is_ffn_out(name)
-            bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
-            options = {"input_bits": bits, **common}
-            mode = f"input {bits or 'full'}{'-bit' if bits else ''}"
-            if holder is not None and _is_sample_target(config, family, name):
-                options["sampling"] = {"sampler": config.linear_sampling, "ratio": float(config.sample_ratio),
-                                       "k_min": config.sample_min_rows, "ids": holder, "name": name}
-                setattr(module, NORM_CACHE, NormCache(per_token=config.sample_norms == "token"))
-                mode += f", {config.linear_sampling} {config.sample_ratio:.0%} of rows"
-            _swap(module, Conv1DMixin if cls is conv1d else LinearMixin, options)
-            summary.patched.append((name, "linear", mode + ", frozen fast path"))
-        elif cls in gelu_kinds:
-            approx = gelu_kinds[cls] if gelu_kinds[cls] is not None else module.approximate
-            if config.gelu_bits is None:
-                summary.skipped.append((name, cls.__name__, "gelu_bits=None"))
-                continue
-            _swap(module, GELUMixin, {"bits": config.gelu_bits, "approximate": approx, **common})
-            summary.patched.append((name, "gelu", f"{config.gelu_bits}-bit input ({approx})"))
-        elif cls in silu_classes:
-            if config.silu_bits is None:
-                summary.skipped.append((name, cls.__name__, "silu_bits=None"))
-                continue
-            _swap(module, SiLUMixin, {"bits": config.silu_bits, **common})
-            summary.patched.append((name, "silu", f"{config.silu_bits}-bit input"))
-        elif cls.__name__ in SWIGLU_MLPS:
-            act = getattr(module, "act_fn", None)
-            if config.silu_bits is None:
-                summary.skipped.append((name, cls.__name__, "silu_bits=None (SwiGLU product saved as in PyTorch)"))
-                continue
-            if type(act) not in silu_classes:
-                summary.skipped.append((name, cls.__name__, f"act_fn is {type(act).__name__}, not SiLU: MLP left "
-                                        "as is (its activation is patched on its own if slimfit knows it)"))
-                continue
-            inside_swiglu.add(id(act))
-            _swap(module, SwiGLUMixin, {"bits": config.silu_bits, **common})
-            summary.patched.append((name, "swiglu", f"gate and up {config.silu_bits}-bit"))
-        elif cls is nn.LayerNorm:
-            if norms_full:
-                summary.skipped.append((name, cls.__name__, "layernorm saves in full"))
-                continue
-            _swap(module, LayerNormMixin, dict(norm_options))
-            summary.patched.append((name, "layernorm", f"{config.layernorm}/{config.layernorm_frozen} when frozen"))
-        elif cls.__name__ in LLAMA_RMSNORMS:
-            if norms_full:
-                summary.skipped.append((name, cls.__name__, "layernorm saves in full (RMSNorm saved as in PyTorch)"))
-                continue
-            _swap(module, RMSNormMixin, dict(norm_options))
-            summary.patched.append((name, "rmsnorm", f"{config.layernorm}/{config.layernorm_frozen} when frozen"))
-        elif cls in _CONVS:
-            if module.padding_mode != "zeros" or module.padding == "same":
-                summary.skipped.append((name, cls.__name__, f"padding {module.padding!r} / padding_mode "
-                                        f"{module.padding_mode!r}: left alone (the fast path needs zero padding)"))
-                continue
-            _swap(module, ConvMixin, {})
-            summary.patched.append((name, "conv", "frozen fast path (trainable: as PyTorch)"))
-        elif cls is nn.Dropout:
-            if config.dropout == "torch":
-                continue
-            _swap(module, DropoutMixin, {"mode": config.dropout})
-            summary.patched.append((name, "dropout", config.dropout))
-        elif cls.__name__ in _NOT_COMPRESSED or "RMSNorm" in cls.__name__:
-            summary.skipped.append((name, cls.__name__, _NOT_COMPRESSED.get(cls.__name__, _RMSNORM_UNKNOWN)))
+        if not why_not:
+            handlers.handle(name, module, ctx, summary)
+        elif name and not any(True for _ in module.children()):
+            summary.skipped.append((name, type(module).__name__, why_not))
 
+    _install_model_level(model, config, summary, keep, holder, family)
+    for module in model.modules():  # the sampled layers' stale gradient norms survive a re-patch
+        if id(module) in caches and NORM_CACHE in vars(module):
+            setattr(module, NORM_CACHE, caches[id(module)])
+    install_new_module_check(model)
+    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder,
+                                 "filters": (target_modules, exclude_modules)})
+    model.slimfit_summary = summary
+    return (model, summary) if return_summary else model
+
+
+def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep, holder,
+                         family) -> None:
+    """What is patched on the model, not per module: sampling and seed hooks, attention, the LM head."""
     if holder is not None:
         if not any(kind == "linear" and "of rows" in mode for _, kind, mode in summary.patched):
             why = ("sample_targets='paper' needs a known family (use sample_targets='all')" if family is None
@@ -214,14 +86,6 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
             torch_attention.install(model, config, summary)
     if config.lm_head_chunk_rows is not None:
         patch_causal_lm(model, config.lm_head_chunk_rows, summary)
-    for module in model.modules():  # the sampled layers' stale gradient norms survive a re-patch
-        if id(module) in caches and NORM_CACHE in vars(module):
-            setattr(module, NORM_CACHE, caches[id(module)])
-    install_new_module_check(model)
-    setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder,
-                                 "filters": (target_modules, exclude_modules)})
-    model.slimfit_summary = summary
-    return (model, summary) if return_summary else model
 
 
 def patch_summary(model: nn.Module) -> PatchSummary | None:
@@ -282,16 +146,6 @@ def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:
     return caches
 
 
-def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
-    """Whether the linear `name` gets sampled weight gradients: every one for sample_targets='all';
-    for 'paper', the family's attention-output and FFN linears. Under PEFT LoRA, a target's
-    base_layer (frozen: fast path anyway) and lora_A (its input is the full-width activation) are
-    sampled, lora_B (input: r values per token) is not."""
-    if config.sample_targets == "all":
-        return True
-    return family is not None and family.is_sample_target(name)
-
-
 def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep) -> str | None:
     hf_config = getattr(model, "config", None)
     current = getattr(hf_config, "_attn_implementation", None)
@@ -300,14 +154,11 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
                                 f"attention implementation {current!r} is not sdpa/eager (or not a transformers model)"))
         return None
     hf_attention.register()
-    options = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
-               "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
-               "check_finite": config.check_finite,
-               "path": config.attention_path}
+    options = AttentionOptions.from_config(config)
     n = 0
     for name, module in model.named_modules():
         if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name):
-            setattr(module, hf_attention.ATTENTION_OPTIONS, dict(options))
+            setattr(module, hf_attention.ATTENTION_OPTIONS, options)
             summary.patched.append((name, "attention", f"qkv {config.qkv_bits or 'full'}, P {config.attn_probs}"))
             n += 1
     if n == 0:

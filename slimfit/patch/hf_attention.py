@@ -22,6 +22,7 @@ import torch
 from .. import autograd as sf
 from ..autograd.attention import topk_keep
 from ..autograd.fused_attention import fused_kernel, quantized_bytes
+from .options import AttentionOptions
 
 ATTENTION_OPTIONS = "_slimfit_attention"
 IMPLEMENTATIONS = {"sdpa": "slimfit_sdpa", "eager": "slimfit_eager"}
@@ -45,38 +46,41 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
-def _saved_bytes(path: str, opts: dict, query, key, value) -> int:
+def _saved_bytes(path: str, opts: AttentionOptions | dict, query, key, value) -> int:
     """What a path keeps for backward for these shapes, by the formats' byte formulas (the
     mask is left out: it is the model's tensor, shared by every layer, and both paths see it)."""
-    bits, g = opts["qkv_bits"], opts["group_size"]
+    opts = AttentionOptions.of(opts)
+    bits, g = opts.qkv_bits, opts.group_size
     b, hq, sq, _ = query.shape
     heads = hq if path == "materialize" else key.shape[1]  # the materializing path keeps K/V expanded
     total = 0
     for t, h in ((query, hq), (key, heads), (value, heads)):
         n = t.numel() // t.shape[1] * h
         total += n * t.element_size() if bits is None else quantized_bytes(n, bits, g)
-    if path == "fused" or opts["probs"] == "recompute":
+    if path == "fused" or opts.probs == "recompute":
         return total
     n_p = b * hq * sq * key.shape[2]
-    probs = opts["probs"]
+    probs = opts.probs
     if probs == "full":
         return total + n_p * query.element_size()
     if probs == "topk":
-        k = topk_keep(opts["keep_ratio"], key.shape[2])
+        k = topk_keep(opts.keep_ratio, key.shape[2])
         return total + b * hq * sq * k * (query.element_size() + (2 if key.shape[2] <= 32768 else 4))
     return total + quantized_bytes(n_p, 8 if probs == "int8" else 4, g)
 
 
-def choose_path(opts: dict, query, key, value, mask, dropout_p: float, is_causal: bool) -> tuple[str, str]:
+def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_p: float, is_causal: bool) -> tuple[str, str]:
     """(path, why) for one call. 'auto' takes the fused path whenever PyTorch has a fused kernel
     for the inputs and it keeps no more bytes than the materializing path (with the default
     recompute backward it keeps only Q/K/V, so it always does); 'fused' takes it whenever a
     kernel exists; 'materialize' never. Without a kernel (e.g. attention dropout on the CPU,
-    where PyTorch's fused op refuses dropout) the materializing path runs."""
-    wanted = opts.get("path", "auto")
+    where PyTorch's fused op refuses dropout) the materializing path runs. `opts`: AttentionOptions
+    (or a dict of its fields)."""
+    opts = AttentionOptions.of(opts)
+    wanted = opts.path
     if wanted == "materialize":
         return "materialize", "attention_path='materialize'"
-    if opts.get("dropout_on_v") and dropout_p > 0.0:
+    if opts.dropout_on_v and dropout_p > 0.0:
         return "materialize", "attn_dropout_on_v (dropout on V exists only in the materializing path)"
     kernel = fused_kernel(query, key, value, mask, dropout_p, is_causal)
     if kernel is None:
@@ -115,11 +119,11 @@ def _make(original: str):
         if path == "fused":
             out = sf.fused_attention(
                 query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-                dropout_p=dropout, training=module.training, qkv_bits=opts["qkv_bits"],
-                group_size=opts["group_size"], check_finite=opts.get("check_finite", False),
+                dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits,
+                group_size=opts.group_size, check_finite=opts.check_finite,
             )
             return out.transpose(1, 2).contiguous(), None
-        if opts.get("path") == "fused" and why not in _warned_fallback:
+        if opts.path == "fused" and why not in _warned_fallback:
             warnings.warn(f"slimfit: attention_path='fused' but {why}; {type(module).__name__} uses the "
                           "materializing path (P saved compressed, dropout replayed from a seed)")
             _warned_fallback.add(why)
@@ -128,9 +132,9 @@ def _make(original: str):
             key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
         out = sf.attention(
             query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-            dropout_p=dropout, training=module.training, qkv_bits=opts["qkv_bits"], probs=opts["probs"],
-            keep_ratio=opts["keep_ratio"], group_size=opts["group_size"],
-            dropout_mode="on_v" if opts["dropout_on_v"] else "seed", check_finite=opts.get("check_finite", False),
+            dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits, probs=opts.probs,
+            keep_ratio=opts.keep_ratio, group_size=opts.group_size,
+            dropout_mode="on_v" if opts.dropout_on_v else "seed", check_finite=opts.check_finite,
         )
         return out.transpose(1, 2).contiguous(), None
 

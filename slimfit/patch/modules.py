@@ -3,7 +3,8 @@
 `patched_class(original, mixin)` builds (once) a subclass of the module's own class with
 the mixin's forward first in the MRO, so parameters, buffers, state_dict keys and
 isinstance checks stay as they were; unpatching assigns the original class back.
-Per-module options live in the instance attribute `_slimfit` (a dict). When no
+Per-module options live in the instance attribute `_slimfit` (a frozen dataclass of
+`slimfit.patch.options`: LinearOptions, GELUOptions, ...). When no
 gradient is needed (eval, torch.no_grad) the original forward runs, so inference outputs
 are bit-identical to the unpatched model.
 """
@@ -78,20 +79,20 @@ def _linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.T
     """slimfit's linear, or its WTA-CRS sampled version when the layer is a sampling target and its
     weight trains (a frozen weight takes the frozen fast path either way)."""
     o = getattr(module, OPTIONS)
-    s = o.get("sampling")
+    s = o.sampling
     if s is not None and weight.requires_grad:
-        ids = s["ids"].for_input(x, s["name"])
-        return sampled_linear(x, weight, module.bias, ratio=s["ratio"], k_min=s["k_min"], sampler=s["sampler"],
+        ids = s.ids.for_input(x, s.name)
+        return sampled_linear(x, weight, module.bias, ratio=s.ratio, k_min=s.k_min, sampler=s.sampler,
                               sample_ids=ids, norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
-                              input_bits=o["input_bits"], group_size=o["group_size"], stochastic=o["stochastic"],
-                              check_finite=o.get("check_finite", False))
-    return sf.linear(x, weight, module.bias, input_bits=o["input_bits"], group_size=o["group_size"],
-                     stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
+                              input_bits=o.input_bits, group_size=o.group_size, stochastic=o.stochastic,
+                              check_finite=o.check_finite)
+    return sf.linear(x, weight, module.bias, input_bits=o.input_bits, group_size=o.group_size,
+                     stochastic=o.stochastic, check_finite=o.check_finite)
 
 
 class LinearMixin:
     """Frozen weight: saves nothing, no weight-gradient GEMM. Trainable: saves the input
-    in full or quantized (options['input_bits']), or only sampled rows of it (options['sampling'])."""
+    in full or quantized (LinearOptions.input_bits), or only sampled rows of it (LinearOptions.sampling)."""
 
     def forward(self, x):
         if not _needs_grad(self, x):
@@ -115,8 +116,8 @@ class GELUMixin:
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
-        return sf.gelu(x, bits=o["bits"], approximate=o["approximate"], group_size=o["group_size"],
-                       stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
+        return sf.gelu(x, bits=o.bits, approximate=o.approximate, group_size=o.group_size,
+                       stochastic=o.stochastic, check_finite=o.check_finite)
 
 
 class SiLUMixin:
@@ -126,8 +127,8 @@ class SiLUMixin:
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
-        return silu(x, bits=o["bits"], group_size=o["group_size"], stochastic=o["stochastic"],
-                    check_finite=o.get("check_finite", False))
+        return silu(x, bits=o.bits, group_size=o.group_size, stochastic=o.stochastic,
+                    check_finite=o.check_finite)
 
 
 class SwiGLUMixin:
@@ -139,8 +140,8 @@ class SwiGLUMixin:
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
-        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=o["bits"], group_size=o["group_size"],
-                   stochastic=o["stochastic"], check_finite=o.get("check_finite", False))
+        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=o.bits, group_size=o.group_size,
+                   stochastic=o.stochastic, check_finite=o.check_finite)
         return self.down_proj(h)
 
 
@@ -151,9 +152,9 @@ class RMSNormMixin:
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
-        save = o["save"] if self.weight.requires_grad else o["save_frozen"]
-        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=o["keep_ratio"],
-                        group_size=o["group_size"], check_finite=o.get("check_finite", False))
+        save = o.save if self.weight.requires_grad else o.save_frozen
+        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=o.keep_ratio,
+                        group_size=o.group_size, check_finite=o.check_finite)
 
 
 class ConvMixin:
@@ -174,10 +175,10 @@ class LayerNormMixin:
             return _original_forward(self, x)
         o = getattr(self, OPTIONS)
         trainable = self.weight is not None and self.weight.requires_grad
-        save = o["save"] if trainable else o["save_frozen"]
+        save = o.save if trainable else o.save_frozen
         return sf.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
-                             keep_ratio=o["keep_ratio"], group_size=o["group_size"],
-                             check_finite=o.get("check_finite", False))
+                             keep_ratio=o.keep_ratio, group_size=o.group_size,
+                             check_finite=o.check_finite)
 
 
 class DropoutMixin:
@@ -190,4 +191,4 @@ class DropoutMixin:
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return _original_forward(self, x)
-        return sf.dropout(x, self.p, True, mode=getattr(self, OPTIONS)["mode"])
+        return sf.dropout(x, self.p, True, mode=getattr(self, OPTIONS).mode)

@@ -11,6 +11,7 @@ class PatchSummary:
     patched: list = field(default_factory=list)  # (module name, kind, mode)
     skipped: list = field(default_factory=list)  # (module name, class name, reason)
     attention: str | None = None  # attention implementation set on the model, if any
+    notes: tuple = ()  # the family's notes (Family.notes): what its patch does beyond the generic one
 
     def counts(self) -> dict:
         return dict(Counter(f"{kind}[{mode}]" for _, kind, mode in self.patched))

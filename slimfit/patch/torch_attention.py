@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import autograd as sf
 from .hf_attention import choose_path
+from .options import AttentionOptions
 
 ROUTER = "_slimfit_sdpa_router"
 _SDPA = F.scaled_dot_product_attention
@@ -41,7 +42,7 @@ def _original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
                  **extra)
 
 
-def route(opts: dict, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def route(opts: AttentionOptions, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     """One F.scaled_dot_product_attention call, through slimfit when it builds a graph."""
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -56,15 +57,15 @@ def route(opts: dict, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     path, _ = choose_path(opts, query, key, value, attn_mask, float(dropout_p), bool(is_causal))
     if path == "fused":
         return sf.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                                  dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"],
-                                  group_size=opts["group_size"], check_finite=opts.get("check_finite", False))
+                                  dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits,
+                                  group_size=opts.group_size, check_finite=opts.check_finite)
     if hq != hk:
         key, value = key.repeat_interleave(hq // hk, 1), value.repeat_interleave(hq // hk, 1)
     return sf.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                        dropout_p=dropout_p, training=True, qkv_bits=opts["qkv_bits"], probs=opts["probs"],
-                        keep_ratio=opts["keep_ratio"], group_size=opts["group_size"],
-                        dropout_mode="on_v" if opts["dropout_on_v"] else "seed",
-                        check_finite=opts.get("check_finite", False))
+                        dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits, probs=opts.probs,
+                        keep_ratio=opts.keep_ratio, group_size=opts.group_size,
+                        dropout_mode="on_v" if opts.dropout_on_v else "seed",
+                        check_finite=opts.check_finite)
 
 
 _local = threading.local()  # the options of the MHA call running on this thread, if any
@@ -80,7 +81,7 @@ def _thread_router(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def _rebind_sdpa_global(opts: dict):
+def _rebind_sdpa_global(opts: AttentionOptions):
     """F.scaled_dot_product_attention -> _thread_router while this thread runs one MHA call."""
     global _rebound
     previous = getattr(_local, "opts", None)
@@ -100,9 +101,9 @@ def _rebind_sdpa_global(opts: dict):
 
 
 class _SDPARouter(TorchFunctionMode):
-    def __init__(self, opts: dict):
+    def __init__(self, opts: AttentionOptions | dict):
         super().__init__()
-        self.opts = opts
+        self.opts = AttentionOptions.of(opts)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -117,7 +118,7 @@ class _SDPARouter(TorchFunctionMode):
 class _Router:
     """The mode and hook handles of one model (kept on the model, removed by `remove`)."""
 
-    def __init__(self, model: nn.Module, opts: dict):
+    def __init__(self, model: nn.Module, opts: AttentionOptions):
         self.mode = _SDPARouter(opts)
         self.depth = 0
         self.handles = [model.register_forward_pre_hook(self._enter),
@@ -138,10 +139,7 @@ def install(model: nn.Module, config, summary) -> bool:
     """Route the model's F.scaled_dot_product_attention calls (config.attention must be on)."""
     if hasattr(model, ROUTER):
         return True
-    opts = {"qkv_bits": config.qkv_bits, "probs": config.attn_probs, "keep_ratio": config.attn_keep_ratio,
-            "group_size": config.group_size, "dropout_on_v": config.attn_dropout_on_v,
-            "path": config.attention_path, "check_finite": config.check_finite}
-    setattr(model, ROUTER, _Router(model, opts))
+    setattr(model, ROUTER, _Router(model, AttentionOptions.from_config(config)))
     mode = f"qkv {config.qkv_bits or 'full'}, path {config.attention_path}"
     mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
     for name in mha:

@@ -18,7 +18,7 @@ from .convert import (
     summary,
     unconvert,
 )
-from .families import SUPPORTED, UnsupportedModel
+from .layouts import SUPPORTED, UnsupportedModel
 
 __all__ = ["Adapter", "FORMS", "MeftSummary", "SUPPORTED", "UnsupportedModel", "add_adapters", "convert",
            "record_states", "set_reversible_layers", "summary", "unconvert"]

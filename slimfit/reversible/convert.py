@@ -23,8 +23,8 @@ from torch import nn
 
 from ..patch.modules import patched_class
 from .adapter import Adapter
-from .families import SUPPORTED, UnsupportedModel, family_of_layer
 from .function import ReversibleStack, coupling, layer_seeds, split_tensors, swap_pair
+from .layouts import SUPPORTED, UnsupportedModel, layout_of_layer
 
 STATE = "_slimfit_meft"          # per layer: {"plan", "index", "original_class"}
 MODEL_STATE = "_slimfit_meft_model"
@@ -204,9 +204,9 @@ def _find_layers(model: nn.Module):
     found = []
     for path, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and len(mod) > 0:
-            fams = {family_of_layer(layer) for layer in mod}
-            if len(fams) == 1 and None not in fams:
-                found.append((path, mod, fams.pop()))
+            layouts = {layout_of_layer(layer) for layer in mod}
+            if len(layouts) == 1 and None not in layouts:
+                found.append((path, mod, layouts.pop()))
     if not found:
         raise UnsupportedModel(
             f"slimfit.reversible: {type(model).__name__} is not supported: no list of transformer layers of a "

@@ -1,14 +1,22 @@
-"""Per-family knowledge the generic patch cannot infer: which linear layer is the FFN
-output projection (its input is the activation output), which linears get WTA-CRS sampled
-weight gradients (the attention output projection and the FFN linears, never Q/K/V, as in the
-paper), and notes for the summary.
+"""Per-family knowledge the generic patch cannot infer, one file per family (`<family>.py`, each
+defining `FAMILY`), listed once in `_MODULES` below:
 
-A family is found from `model.config.model_type`; unknown models get the generic patch.
+* which linear is the FFN output projection (its input is the activation output: ffn_out_input_bits),
+* which linears get WTA-CRS sampled weight gradients (the attention output projection and the FFN
+  linears, never Q/K/V, as in the paper),
+* which module classes slimfit recognises by name (SwiGLU MLPs, Llama-formula RMSNorms) or knows it
+  must leave alone (with the reason the summary gives),
+* notes (copied to `PatchSummary.notes`).
+
+A family is found from `model.config.model_type`; unknown models get the generic patch. The class-name
+knowledge is pooled over every registered family (`known_classes`): a LlamaMLP is recognised wherever
+it sits, as before families held it. `register(family)` adds one at run time (tests, user code).
 """
 from __future__ import annotations
 
+import importlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # PEFT LoRA wraps a target linear: <name>.base_layer (the original, frozen) and <name>.lora_A.<adapter>
 # / <name>.lora_B.<adapter> (the adapters).
@@ -19,10 +27,16 @@ _LORA_B = re.compile(r"\.lora_B\.[^.]+$")
 @dataclass(frozen=True)
 class Family:
     name: str
-    model_types: tuple
-    ffn_out_suffixes: tuple  # module-name suffixes of the FFN output projection
-    notes: tuple = field(default_factory=tuple)
+    model_types: tuple  # model.config.model_type values of this family (() for class knowledge only)
+    ffn_out_suffixes: tuple = ()  # module-name suffixes of the FFN output projection
     sampled_suffixes: tuple = ()  # module-name suffixes of the linears sampled by linear_sampling
+    # class names whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)) (SwiGLUMixin)
+    swiglu_mlps: tuple = ()
+    # class names whose forward is exactly LlamaRMSNorm's: fp32 x * rsqrt(mean(x²) + eps), cast back, times
+    # weight (RMSNormMixin)
+    rmsnorms: tuple = ()
+    not_compressed: tuple = ()  # (class name, reason) pairs: left alone, the reason in the summary
+    notes: tuple = ()  # what a reader of the summary should know (PatchSummary.notes)
 
     def is_ffn_out(self, module_name: str) -> bool:
         return any(module_name.endswith(s) for s in self.ffn_out_suffixes) and ".attention." not in module_name
@@ -36,15 +50,42 @@ class Family:
         return any(name.endswith(s) for s in self.sampled_suffixes)
 
 
-def _all():
-    from . import bert, distilbert, gpt2, llama, vit
+# The registry: one line per family file. Order matters only if two families claimed one model_type.
+_MODULES = ("bert", "distilbert", "vit", "gpt2", "llama", "generic")
+_registered: list = []
 
-    return [bert.FAMILY, distilbert.FAMILY, vit.FAMILY, gpt2.FAMILY, llama.FAMILY]
+
+def all_families() -> tuple:
+    """Every family: the built-in files, then those `register`ed."""
+    builtin = tuple(importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES)
+    return builtin + tuple(_registered)
+
+
+def register(family: Family) -> Family:
+    """Add a family (or class knowledge) at run time; returns it. `unregister` undoes it."""
+    if not isinstance(family, Family):
+        raise TypeError(f"slimfit.patch.families.register expects a Family, got {type(family).__name__}")
+    _registered.append(family)
+    return family
+
+
+def unregister(family: Family) -> None:
+    _registered.remove(family)
 
 
 def family_for(model) -> Family | None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for fam in _all():
+    for fam in all_families():
         if model_type in fam.model_types:
             return fam
     return None
+
+
+def known_classes(field: str) -> frozenset:
+    """The class names listed under `field` ('swiglu_mlps', 'rmsnorms') by any family."""
+    return frozenset(name for fam in all_families() for name in getattr(fam, field))
+
+
+def not_compressed() -> dict:
+    """Class name -> why slimfit leaves it alone, from every family."""
+    return {cls: reason for fam in all_families() for cls, reason in fam.not_compressed}

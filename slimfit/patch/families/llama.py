@@ -19,4 +19,8 @@ FAMILY = Family(
     notes=("SwiGLU product and RMSNorm compressed (silu_bits, layernorm fields)",
            "grouped-query K/V are repeated before compression"),
     sampled_suffixes=(".self_attn.o_proj", ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"),
+    # Checked against the installed transformers' modeling code; other variants (Gemma's (1 + w), fused
+    # gate_up projections) are left alone and reported.
+    swiglu_mlps=("LlamaMLP", "MistralMLP", "Qwen2MLP"),
+    rmsnorms=("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"),
 )

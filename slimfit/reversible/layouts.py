@@ -1,4 +1,4 @@
-"""How MEFT reads each supported layer family: its attention block and its MLP block, built from
+"""How MEFT reads each supported layer layout (`BlockLayout`): its attention block and its MLP block, built from
 the layer's own submodules (no modeling code copied), with optional adapters.
 
 Post-LN (BERT, RoBERTa, ELECTRA, ... `BertLayer` layout):
@@ -33,7 +33,7 @@ def _activation(name_or_fn) -> nn.Module:
     raise UnsupportedModel(f"slimfit.reversible: cannot build an adapter activation from {name_or_fn!r}")
 
 
-class Family:
+class BlockLayout:
     name = ""
     layer_hint = ""
     prenorm = False
@@ -97,7 +97,7 @@ class Family:
         return named
 
 
-class BertFamily(Family):
+class BertLayout(BlockLayout):
     name = "bert"
     layer_hint = "BERT-family encoder layers (BertLayer layout: BERT, RoBERTa, XLM-R, ELECTRA, MiniLM, ...)"
 
@@ -139,7 +139,7 @@ class BertFamily(Family):
         return out.LayerNorm(h + u)
 
 
-class GPT2Family(Family):
+class GPT2Layout(BlockLayout):
     name = "gpt2"
     prenorm = True
     layer_hint = "GPT-2 decoder blocks (GPT2Block)"
@@ -175,12 +175,12 @@ class GPT2Family(Family):
         return u + m
 
 
-FAMILIES = (BertFamily(), GPT2Family())
-SUPPORTED = "; ".join(f.layer_hint for f in FAMILIES)
+LAYOUTS = (BertLayout(), GPT2Layout())
+SUPPORTED = "; ".join(f.layer_hint for f in LAYOUTS)
 
 
-def family_of_layer(layer: nn.Module) -> Family | None:
-    for fam in FAMILIES:
-        if fam.matches(layer):
-            return fam
+def layout_of_layer(layer: nn.Module) -> BlockLayout | None:
+    for layout in LAYOUTS:
+        if layout.matches(layer):
+            return layout
     return None

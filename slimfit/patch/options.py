@@ -1,0 +1,118 @@
+"""Typed per-module options: what a patched module reads from the instance attribute `_slimfit`
+(`modules.OPTIONS`) or, for attention, `_slimfit_attention` (`hf_attention.ATTENTION_OPTIONS`).
+
+Frozen dataclasses built once per patch from the SlimFitConfig (`from_config`), read as attributes in
+the forwards (`modules.py`, `hf_attention.py`, `torch_attention.py`). They pickle with the module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import SlimFitConfig
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """WTA-CRS weight-gradient sampling of one linear (its `name` keys the shared sample-id holder)."""
+
+    sampler: str
+    ratio: float
+    k_min: int
+    ids: object  # sampling.SampleIds, shared by every sampled layer of the model
+    name: str
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    input_bits: int | None
+    group_size: int
+    stochastic: bool
+    check_finite: bool = False
+    sampling: Sampling | None = None
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig, input_bits: int | None, sampling: Sampling | None = None):
+        return cls(input_bits=input_bits, group_size=config.group_size, stochastic=config.stochastic,
+                   check_finite=config.check_finite, sampling=sampling)
+
+
+@dataclass(frozen=True)
+class ActivationOptions:
+    """SiLU and the SwiGLU product: the input(s) saved at `bits`."""
+
+    bits: int
+    group_size: int
+    stochastic: bool
+    check_finite: bool = False
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig):
+        return cls(bits=config.silu_bits, group_size=config.group_size, stochastic=config.stochastic,
+                   check_finite=config.check_finite)
+
+
+@dataclass(frozen=True)
+class GELUOptions:
+    bits: int
+    approximate: str  # 'none' | 'tanh': the formula the original module computes
+    group_size: int
+    stochastic: bool
+    check_finite: bool = False
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig, approximate: str):
+        return cls(bits=config.gelu_bits, approximate=approximate, group_size=config.group_size,
+                   stochastic=config.stochastic, check_finite=config.check_finite)
+
+
+@dataclass(frozen=True)
+class NormOptions:
+    """LayerNorm and Llama-layout RMSNorm: x̂ saved as `save` (trainable weight) / `save_frozen`."""
+
+    save: str
+    save_frozen: str
+    keep_ratio: float
+    group_size: int
+    check_finite: bool = False
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig):
+        return cls(save=config.layernorm, save_frozen=config.layernorm_frozen,
+                   keep_ratio=config.layernorm_keep_ratio, group_size=config.group_size,
+                   check_finite=config.check_finite)
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    """nn.Conv1d/2d/3d: nothing to choose (frozen fast path, PyTorch's conv when trainable)."""
+
+
+@dataclass(frozen=True)
+class DropoutOptions:
+    mode: str  # SlimFitConfig.dropout: 'seed' | 'bitmask'
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig):
+        return cls(mode=config.dropout)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    qkv_bits: int | None
+    probs: str
+    keep_ratio: float
+    group_size: int
+    dropout_on_v: bool
+    check_finite: bool = False
+    path: str = "auto"  # SlimFitConfig.attention_path
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig):
+        return cls(qkv_bits=config.qkv_bits, probs=config.attn_probs, keep_ratio=config.attn_keep_ratio,
+                   group_size=config.group_size, dropout_on_v=config.attn_dropout_on_v,
+                   check_finite=config.check_finite, path=config.attention_path)
+
+    @classmethod
+    def of(cls, opts) -> AttentionOptions:
+        """`opts` itself, or the options a dict of the same fields names (as older callers pass)."""
+        return opts if isinstance(opts, cls) else cls(**opts)
