@@ -103,12 +103,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x
   TORCH_CHECK(x_in.is_cuda(), "slimfit::quantize (CUDA): expected a CUDA tensor, got ", x_in.device());
   const c10::cuda::CUDAGuard guard(x_in.device());
 
-  // The reference works on x.reshape(-1).to(float32): other dtypes are converted the
-  // same way first (exact for the integer/fp64 -> fp32 rounding torch does).
-  at::Tensor x = x_in;
-  const auto st = x.scalar_type();
-  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) x = x.to(at::kFloat);
-  x = x.contiguous();
+  // The same dtypes as every other backend (the op's contract): fp32, fp16, bf16.
+  const auto st = x_in.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+              "slimfit::quantize: unsupported dtype ", st, "; use float32, float16 or bfloat16");
+  at::Tensor x = x_in.contiguous();
 
   const int64_t n = x.numel();
   const int64_t ngroups = (n + group_size - 1) / group_size;

@@ -268,8 +268,5 @@ def test_invalid_arguments(backend):
         backend.quantize(x, 3, 64, False, 0)
     with pytest.raises(backend.errors, match="group_size"):
         backend.quantize(x, 4, 48, False, 0)
-    if backend.name == "cuda" and "quantize" not in backend.triton_ops:
-        pytest.xfail("the CUDA extension's quantize converts other input dtypes to fp32 (csrc/cuda/quantize.cu) "
-                     "where the other backends refuse them")
     with pytest.raises(backend.errors, match="dtype"):
         backend.quantize(x.to(torch.int32), 4, 64, False, 0)
