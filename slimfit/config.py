@@ -4,12 +4,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-_BITS = (None, 2, 4, 8)
-_LAYERNORM_SAVES = ("full", "int8", "topk")
-_PROBS = ("full", "topk", "int8", "int4", "recompute")
+from .autograd._common import NORM_SAVES
+from .autograd.attention import PROBS_MODES
+from .kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
+
+# The allowed values are the ones the layers declare (declared once there).
+_BITS = (None, *SUPPORTED_BITS)
+_LAYERNORM_SAVES = NORM_SAVES
+_PROBS = PROBS_MODES
 _ATTENTION_PATHS = ("auto", "fused", "materialize")
 _DROPOUT = ("torch", "seed", "bitmask")
-_GROUP_SIZES = (32, 64, 128, 256)
+_GROUP_SIZES = SUPPORTED_GROUP_SIZES
 _SAMPLING = (None, "wta_crs", "crs")
 _SAMPLE_TARGETS = ("paper", "all")
 _SAMPLE_NORMS = ("token", "sample")

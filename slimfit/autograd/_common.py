@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable  # re-exported (attention.py uses it)
 
 from ..kernels.api import PrunedTensor, QuantizedTensor, dequantize, quantize, topk_prune, topk_restore
-from ..kernels.validation import FLOAT_DTYPES, SUPPORTED_GROUP_SIZES
+from ..kernels.validation import FLOAT_DTYPES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 from .seeds import side_seed
 
 __all__ = [
@@ -32,7 +32,8 @@ __all__ = [
     "check_float", "check_bits", "check_group_size", "check_same_dtype", "QUANT_BITS",
 ]
 
-QUANT_BITS = (2, 4, 8)
+QUANT_BITS = SUPPORTED_BITS
+NORM_SAVES = ("full", "int8", "topk")  # what a LayerNorm / RMSNorm keeps of x̂ (layer_norm, rms_norm, SlimFitConfig)
 
 _NONE, _TENSOR, _QUANT, _PRUNED = 0, 1, 2, 3
 

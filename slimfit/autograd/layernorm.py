@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (
+    NORM_SAVES,
     autocast_dtype, backward_once, cast, check_float, check_group_size, compress_quantize,
     compress_topk, load, no_autocast, restore, save,
 )
 
 __all__ = ["layer_norm", "topk_keep"]
 
-_MODES = ("int8", "topk", "full")
+_MODES = NORM_SAVES
 
 
 def topk_keep(keep_ratio: float, row_length: int) -> int:

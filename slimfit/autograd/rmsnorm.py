@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (
+    NORM_SAVES,
     backward_once, check_float, check_group_size, compress_quantize, compress_topk, load, no_autocast,
     restore, save,
 )
@@ -26,7 +27,7 @@ from .layernorm import topk_keep
 
 __all__ = ["rms_norm"]
 
-_MODES = ("int8", "topk", "full")
+_MODES = NORM_SAVES
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
