@@ -97,7 +97,7 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
 
 # Compression variants, one choice changed each (issue: which lossy choice costs accuracy). The presets
 # changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed); the configs measured before under
-# the preset names keep their results under the names below (CODE_RENAMES maps the old CSV names).
+# the preset names keep their results under the names below (the docstring names their former names).
 VARIANTS = {
     "paper_pint8": SlimFitConfig.paper().replace(attn_probs="int8"),
     "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),
@@ -109,8 +109,6 @@ SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
            "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm_frozen="topk", attn_probs="topk",
                                                                  attn_keep_ratio=0.1)}
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
-CODE_RENAMES = {"paper": "paper_code", "paper_topk": "paper_code_ptopk", "paper_ln8": "paper_pint8",
-                "aggressive": "aggressive_pint8", "wta_crs_topk": "wta_crs_code_ptopk"}
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
