@@ -34,6 +34,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
+  ...+abs / +robust scheduler option score="absolute" (mean |ΔW|) / score="robust" (||ΔW|| / ||W||)
                     options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
                     and FFN linears, as the paper) + scheduler at rate R; needs sample ids: the
@@ -114,7 +115,8 @@ SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
-    (rate warm-up over NN% of the steps), +minNN (every layer trains in at least NN% of the steps)."""
+    (rate warm-up over NN% of the steps), +minNN (every layer trains in at least NN% of the steps), +abs / +robust
+    (the scheduler's score)."""
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
         return "paper+lora", None, {}
@@ -125,6 +127,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["head"] = True
         elif suffix == "mom":
             options["frozen_update"] = "momentum"
+        elif suffix in ("abs", "robust"):
+            options["score"] = "absolute" if suffix == "abs" else "robust"
         elif suffix.startswith("warm") and suffix[4:].isdigit():
             options["warmup_share"] = int(suffix[4:]) / 100
         elif suffix.startswith("min") and suffix[3:].isdigit():

@@ -77,8 +77,10 @@ class ILSScheduler:
             ``(name, parameter)`` pairs such as ``model.named_parameters()``.
         freeze_rate: fraction of candidate layers frozen each step, in [0, 1). At least
             one layer always trains. In budget mode, the minimum fraction frozen.
-        score: ``"relative"`` (SlimFit: mean |ΔW / W_old| over entries with W_old != 0)
-            or ``"robust"`` (||ΔW|| / ||W_old||).
+        score: ``"relative"`` (SlimFit: mean |ΔW / W_old| over entries with W_old != 0),
+            ``"robust"`` (||ΔW|| / ||W_old||) or ``"absolute"`` (mean |ΔW|: under Adam the
+            two relative scores rank layers by weight size and keep LayerNorm weights and
+            embeddings frozen; see ``scores.py``).
         memory_aware: rank layers by score per activation byte instead of by score, so
             freezing prefers the layers that save the most memory (needs activation_bytes).
         activation_bytes: per-layer activation bytes that training the layer costs: a dict

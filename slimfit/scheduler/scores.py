@@ -13,6 +13,14 @@ Two scores:
     ||W_new - W_old||_2 / ||W_old||_2, which does not blow up on near-zero weights.
     ||W_old|| == 0 gives +inf if the layer moved, else 0.
 
+``absolute``
+    mean over entries of |W_new - W_old|: how far each weight moved, not divided by its size.
+    Under Adam/AdamW every entry moves by about lr x |m / sqrt(v)|, so this measures how
+    consistently a layer's gradient points one way, the same scale for every kind of layer.
+    The two scores above divide by the weights, so under Adam they rank layers mostly by
+    weight magnitude: LayerNorm weights (about 1) and embeddings score 10-100x lower than
+    linear weights and stay frozen (docs/fidelity.md, "which layers train").
+
 Cost: the reductions are multi-tensor (``torch._foreach_*``) over all trained layers of a
 (device, dtype) group, in chunks that bound the temporary memory, and produce one small
 tensor per device, moved to the host once per step: no per-layer sync. ``relative`` first
@@ -29,9 +37,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 __all__ = ["SCORES", "compute_scores", "relative_scores", "relative_scores_masked", "robust_scores",
-           "relative_scores_naive", "robust_scores_naive"]
+           "absolute_scores", "relative_scores_naive", "robust_scores_naive", "absolute_scores_naive"]
 
-SCORES = ("relative", "robust")
+SCORES = ("relative", "robust", "absolute")
 
 # At most this many elements per foreach call: bounds the temporaries (a few copies of the
 # chunk) when many layers are trained, e.g. at freeze_rate=0.
@@ -127,7 +135,16 @@ def robust_scores(olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor]) ->
                        torch.where(num > 0, inf, torch.zeros_like(num)))
 
 
-_FNS = {"relative": relative_scores, "relative_masked": relative_scores_masked, "robust": robust_scores}
+def absolute_scores(olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor]) -> torch.Tensor:
+    """mean |W_new - W_old| (2 foreach ops, ~3 memory passes)."""
+    olds, news = _to_acc(olds, news)
+    total = torch.stack(_l1(torch._foreach_sub(news, olds)))
+    numel = torch.tensor([t.numel() for t in olds], dtype=total.dtype, device=total.device)
+    return total / numel
+
+
+_FNS = {"relative": relative_scores, "relative_masked": relative_scores_masked, "robust": robust_scores,
+        "absolute": absolute_scores}
 
 
 def compute_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor],
@@ -178,8 +195,8 @@ def compute_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch
             out[torch.tensor(blocked, dtype=torch.long)] = vals
         if rest:
             o, w = [olds[i] for i in rest], [news[i] for i in rest]
-            if kind == "robust":
-                vals = _run(["robust"] * len(rest), o, w, chunk_numel, collective)
+            if kind != "relative":  # no zero-aware variant needed: robust guards its division, absolute has none
+                vals = _run([kind] * len(rest), o, w, chunk_numel, collective)
             else:
                 fl = [flags[i] for i in rest]
                 vals = _run(["relative_masked" if f else "relative" for f in fl], o, w, chunk_numel, collective)
@@ -206,7 +223,7 @@ BLOCK_NUMEL = 1 << 15
 def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: bool) -> float:
     if not (old.is_contiguous() and new.is_contiguous()):
         # rare (a transposed view as a parameter): plain formulas on whole tensors
-        val = (relative_scores_naive if kind == "relative" else robust_scores_naive)(old, new)
+        val = NAIVE_SCORES[kind](old, new)
         if refresh:
             old.copy_(new)
         return val
@@ -214,7 +231,8 @@ def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: boo
     numel = o_all.numel()
     acc = _acc_dtype(old.dtype)
     buf = torch.empty(min(numel, BLOCK_NUMEL), dtype=acc)
-    total = count = moved = 0.0   # relative: Σ|Δ/W_old|, #kept, Σ|Δ| ; robust: Σ Δ², Σ W_old², -
+    # relative: Σ|Δ/W_old|, #kept, Σ|Δ| ; robust: Σ Δ², Σ W_old², - ; absolute: Σ|Δ|, #entries, -
+    total = count = moved = 0.0
     for a in range(0, numel, BLOCK_NUMEL):
         o, w = o_all[a:a + BLOCK_NUMEL], n_all[a:a + BLOCK_NUMEL]
         if acc != o.dtype:
@@ -233,11 +251,16 @@ def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: boo
                 total += float((dd / o[keep]).norm(1))
                 count += float(keep.sum())
                 moved += float(d.norm(1))
+        elif kind == "absolute":
+            total += float(d.norm(1, dtype=torch.float64))
+            count += d.numel()
         else:  # (norms, not dot: dot goes to BLAS, which brings its own threads)
             total += float(d.norm()) ** 2
             count += float(o.norm()) ** 2
         if refresh:
             o_all[a:a + BLOCK_NUMEL].copy_(n_all[a:a + BLOCK_NUMEL])
+    if kind == "absolute":
+        return total / count if count > 0 else 0.0
     if kind == "relative":
         if count > 0:
             return total / count
@@ -294,3 +317,10 @@ def robust_scores_naive(old: torch.Tensor, new: torch.Tensor) -> float:
     if den > 0:
         return ((new - old).norm() / den).item()
     return float("inf") if (old != new).any() else 0.0
+
+
+def absolute_scores_naive(old: torch.Tensor, new: torch.Tensor) -> float:
+    return (new.double() - old.double()).abs().mean().item()
+
+
+NAIVE_SCORES = {"relative": relative_scores_naive, "robust": robust_scores_naive, "absolute": absolute_scores_naive}

@@ -2,7 +2,7 @@
 
 Under ``fully_shard`` every parameter is a DTensor whose rank-local piece is ``to_local()``.
 A score is a ratio of sums over all entries (relative: Σ|ΔW/W_old| over the entries with
-W_old != 0 and their count; robust: Σ ΔW² and Σ W_old²), so each rank computes the partial
+W_old != 0 and their count; robust: Σ ΔW² and Σ W_old²; absolute: Σ|ΔW| and the entry count), so each rank computes the partial
 sums of its shard, one ``all_reduce(SUM)`` of a (layers x 3) tensor adds them, and every rank
 finishes the same ratios: the same scores everywhere, no broadcast needed. Parameters that
 are not sharded (replicated on every rank) are counted on the group's first rank only.
@@ -38,11 +38,15 @@ def _partial_sums(kind: str, old: torch.Tensor, new: torch.Tensor) -> tuple[floa
     d = w - o
     if kind == "robust":
         return float((d * d).sum()), float((o * o).sum()), 0.0
+    if kind == "absolute":
+        return float(d.abs().sum()), float(d.numel()), 0.0
     keep = o != 0
     return float((d[keep] / o[keep]).abs().sum()), float(keep.sum()), float(d.abs().sum())
 
 
 def _finish(kind: str, total: float, count: float, moved: float) -> float:
+    if kind == "absolute":
+        return total / count if count > 0 else 0.0
     if kind == "robust":
         if count > 0:
             return math.sqrt(total) / math.sqrt(count)

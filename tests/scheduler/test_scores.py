@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from slimfit.scheduler import compute_scores
-from slimfit.scheduler.scores import relative_scores_naive, robust_scores_naive
-
-NAIVE = {"relative": relative_scores_naive, "robust": robust_scores_naive}
+from slimfit.scheduler.scores import NAIVE_SCORES as NAIVE
+from slimfit.scheduler.scores import SCORES, relative_scores_naive
 
 
 def _layers(seed=0, dtype=torch.float32):
@@ -21,7 +20,7 @@ def _layers(seed=0, dtype=torch.float32):
 IMPLS = ["foreach", "blocked"]
 
 
-@pytest.mark.parametrize("kind", ["relative", "robust"])
+@pytest.mark.parametrize("kind", SCORES)
 @pytest.mark.parametrize("impl,chunk", [("foreach", 1), ("foreach", 50), ("foreach", 1 << 25), ("blocked", 0)])
 def test_matches_naive(kind, impl, chunk, monkeypatch):
     import slimfit.scheduler.scores as S
@@ -61,7 +60,7 @@ def test_zero_entries_left_out(impl, monkeypatch):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("kind", ["relative", "robust"])
+@pytest.mark.parametrize("kind", SCORES)
 def test_low_and_high_precision(dtype, kind, impl):
     olds, news = _layers(2, dtype)
     got = compute_scores(kind, olds, news, impl=impl)
@@ -152,9 +151,38 @@ def test_refresh_copies_new_into_snapshot(impl):
 
 def test_blocked_and_foreach_agree():
     olds, news = _layers(9)
-    for kind in ("relative", "robust"):
+    for kind in SCORES:
         a = compute_scores(kind, olds, news, impl="foreach")
         b = compute_scores(kind, olds, news, impl="blocked")
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match="impl"):
         compute_scores("relative", olds, news, impl="fast")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_absolute_ignores_weight_size(impl):
+    """The same Adam-like step on a LayerNorm-like weight (about 1) and a linear-like weight
+    (about 0.05) scores the same under 'absolute'; the relative scores rank them by size."""
+    g = torch.Generator().manual_seed(11)
+    ln = 1.0 + 0.1 * torch.randn(384, generator=g)
+    lin = 0.05 * torch.randn(64, 384, generator=g)
+    step_ln = 1e-4 * torch.randn(ln.shape, generator=g).sign()
+    step_lin = 1e-4 * torch.randn(lin.shape, generator=g).sign()
+    olds, news = [ln, lin], [ln + step_ln, lin + step_lin]
+    absolute = compute_scores("absolute", olds, news, impl=impl)
+    torch.testing.assert_close(absolute, torch.full((2,), 1e-4, dtype=torch.float64), rtol=1e-3, atol=0)
+    relative = compute_scores("relative", olds, news, impl=impl)
+    assert relative[1] > 10 * relative[0]
+    assert compute_scores("absolute", [torch.zeros(0)], [torch.zeros(0)], impl="blocked").item() == 0.0
+
+
+@pytest.mark.parametrize("kind", SCORES)
+def test_sharded_partial_sums_add_up_to_the_whole_score(kind):
+    """FSDP2 path: partial sums of two shards, added, finish to the score of the whole tensor."""
+    from slimfit.scheduler.sharded import _finish, _partial_sums
+
+    olds, news = _layers(12)
+    old, new = olds[4], news[4]
+    halves = [_partial_sums(kind, o, n) for o, n in zip(old.chunk(2), new.chunk(2))]
+    summed = [a + b for a, b in zip(*halves)]
+    assert _finish(kind, *summed) == pytest.approx(NAIVE[kind](old, new), rel=1e-9)

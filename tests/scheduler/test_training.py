@@ -123,7 +123,7 @@ def _run(m, opt, s, start, stop, log):
         s.step()
 
 
-@pytest.mark.parametrize("score", ["relative", "robust"])
+@pytest.mark.parametrize("score", ["relative", "robust", "absolute"])
 def test_resume_makes_identical_decisions(score):
     kw = dict(score=score, min_trained_steps=1, min_frozen_steps=2)
     m, opt, s = _mlp_setup(rate=0.6, **kw)
