@@ -135,7 +135,9 @@ class _AttentionFn(torch.autograd.Function):
         if qkv_bits is None:
             saved_qkv = (q, k, v)
         else:
-            saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check) for x in (q, k, v))
+            # in memory order: BERT's / ViT's Q/K/V are transposed views of one projection, not copied
+            saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check, storage_order=True)
+                              for x in (q, k, v))
         if probs == "recompute":
             saved_p = None  # rebuilt in backward from Q̃, K̃ and the mask
         elif probs == "full" or p.numel() == 0:

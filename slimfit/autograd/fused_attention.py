@@ -207,7 +207,8 @@ class _FusedAttentionFn(torch.autograd.Function):
         if qkv_bits is None:
             saved = [q, k, v]
         else:
-            saved = [quantize(x, qkv_bits, group_size, check_finite=check) for x in (q, k, v)]
+            # in memory order: transposed views of a projection are quantized without a copy
+            saved = [quantize(x, qkv_bits, group_size, check_finite=check, storage_order=True) for x in (q, k, v)]
         keep_forward = mode == "saved" or dropout_p > 0.0  # a recomputed forward would draw another mask
         saved += [attn_mask, out if keep_forward else None, lse if keep_forward else None]
         saved += [extras.get(name) for name in _EXTRA_TENSORS]

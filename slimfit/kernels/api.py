@@ -27,6 +27,10 @@ class QuantizedTensor(NamedTuple):
     dtype: torch.dtype
     bits: int
     group_size: int
+    # None: codes follow the tensor's logical (row-major) order. Else quantize(storage_order=True)
+    # took a permuted view x = base.permute(...) as it lies in memory: base = x.permute(storage_dims)
+    # was flattened, and dequantize permutes back (a view, no copy).
+    storage_dims: tuple | None = None
 
     @property
     def nbytes(self) -> int:
@@ -36,7 +40,7 @@ class QuantizedTensor(NamedTuple):
         return self.codes, self.scale, self.offset
 
     def meta(self) -> tuple:
-        return self.shape, self.dtype, self.bits, self.group_size
+        return self.shape, self.dtype, self.bits, self.group_size, self.storage_dims
 
     @classmethod
     def from_parts(cls, tensors, meta) -> "QuantizedTensor":
@@ -87,25 +91,47 @@ def quantize(
     stochastic: bool = False,
     seed: int | None = None,
     check_finite: bool = False,
+    storage_order: bool = False,
 ) -> QuantizedTensor:
     """Per-group asymmetric min/max quantization of x (flattened) to `bits` bits.
 
     check_finite=True raises on a NaN/Inf input or an fp32-overflowing group range, at the cost
     of one host synchronisation on a GPU (it reads the per-group scales). Off (the default), a
-    non-finite group gets a non-finite scale or offset, so it dequantizes to non-finite values."""
+    non-finite group gets a non-finite scale or offset, so it dequantizes to non-finite values.
+
+    storage_order=True: when x is a permuted view of a dense tensor (attention's Q/K/V as
+    ``(B, S, H, D).transpose(1, 2)``), the groups follow memory order and nothing is copied;
+    otherwise x is flattened in its logical order, which needs a contiguous copy of such a view.
+    `dequantize` returns the same logical shape either way."""
     check_float_input(x, "quantize")
     check_quant_args(bits, group_size)
     if seed is None:
         seed = new_seed() if stochastic else 0
     check_seed(seed, "quantize")
-    codes, scale, offset = ops.quantize(x, bits, group_size, bool(stochastic), int(seed))
+    dims = storage_permutation(x) if storage_order else None
+    stored = x if dims is None else x.permute(dims)
+    codes, scale, offset = ops.quantize(stored, bits, group_size, bool(stochastic), int(seed))
     if check_finite:
         _check_quantized_finite(x, scale, offset)
-    return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size)
+    return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size, dims)
+
+
+def storage_permutation(x: torch.Tensor) -> tuple | None:
+    """dims such that ``x.permute(dims)`` is contiguous (x's dimensions in memory order), or None
+    when x is contiguous already or is not a permuted dense tensor (a slice, an expanded view)."""
+    if x.is_contiguous():
+        return None
+    dims = tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
+    return dims if x.permute(dims).is_contiguous() else None
 
 
 def dequantize(q: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return ops.dequantize(q.codes, q.scale, q.offset, q.bits, q.group_size, list(q.shape), dtype or q.dtype)
+    if q.storage_dims is None:
+        return ops.dequantize(q.codes, q.scale, q.offset, q.bits, q.group_size, list(q.shape), dtype or q.dtype)
+    dims = q.storage_dims
+    stored = ops.dequantize(q.codes, q.scale, q.offset, q.bits, q.group_size, [q.shape[d] for d in dims],
+                            dtype or q.dtype)
+    return stored.permute([dims.index(d) for d in range(len(dims))])
 
 
 def topk_prune(
