@@ -73,7 +73,8 @@ TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible conver
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
 # The SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂ top-10%, P int8.
-PAPER_CODE = SlimFitConfig.paper().replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1, attn_probs="int8")
+PAPER_CODE = SlimFitConfig.paper().replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1).with_attention(
+    probs="int8")
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -100,15 +101,15 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
 # changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed); the configs measured before under
 # the preset names keep their results under the names below (the docstring names their former names).
 VARIANTS = {
-    "paper_pint8": SlimFitConfig.paper().replace(attn_probs="int8"),
+    "paper_pint8": SlimFitConfig.paper().with_attention(probs="int8"),
     "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),
     "paper_code": PAPER_CODE,
-    "paper_code_ptopk": PAPER_CODE.replace(attn_probs="topk", attn_keep_ratio=0.1),
-    "aggressive_pint8": SlimFitConfig.aggressive().replace(attn_probs="int8"),
+    "paper_code_ptopk": PAPER_CODE.with_attention(probs="topk", keep_ratio=0.1),
+    "aggressive_pint8": SlimFitConfig.aggressive().with_attention(probs="int8"),
 }
 SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
-           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm_frozen="topk", attn_probs="topk",
-                                                                 attn_keep_ratio=0.1)}
+           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm_frozen="topk").with_attention(
+               probs="topk", keep_ratio=0.1)}
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 
 
@@ -174,7 +175,7 @@ def _prepare_sampled(rate: float, config, always_train: tuple[str, ...] = (), sc
         import slimfit
         from slimfit.scheduler import ILSScheduler
 
-        slimfit.patch(model, config.replace(sample_ratio=SAMPLED_RATIO))
+        slimfit.patch(model, config.with_sampling(ratio=SAMPLED_RATIO))
 
         def on_batch(indices):  # the dataset indices: stale gradient norms per sample (docs/wta_crs.md)
             return {"sample_ids": torch.tensor(indices)}

@@ -15,9 +15,9 @@ Rows (one model object; the frozen set of `ILSScheduler(model, 0.9, seed=0)` at 
 of the candidate layers, for every "+frozen" row):
   plain sdpa, all trainable       plain PyTorch
   plain sdpa, same frozen set     plain PyTorch + the frozen set: the baseline of the ratios
-  paper(), materialize            SlimFitConfig.paper().replace(attention_path="materialize") + frozen set:
+  paper(), materialize            SlimFitConfig.paper().with_attention(path="materialize") + frozen set:
                                   slimfit's attention core before the fused path (fp32 scores, int8 P)
-  paper(), auto                   SlimFitConfig.paper() (attention_path="auto": the fused path) + frozen set
+  paper(), auto                   SlimFitConfig.paper() (attention.path="auto": the fused path) + frozen set
 
 Columns: saved bytes of one forward + backward (`slimfit.memory.measure`: saved-tensor hooks, parameters not
 counted, a storage counted once), the attention core's share (bytes attributed to the `self_attn` modules
@@ -50,7 +50,7 @@ CONFIG = dict(vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidde
 METHODS = {
     "plain sdpa, all trainable": (None, False),
     "plain sdpa, same frozen set": (None, True),
-    "paper(), materialize": (SlimFitConfig.paper().replace(attention_path="materialize"), True),
+    "paper(), materialize": (SlimFitConfig.paper().with_attention(path="materialize"), True),
     "paper(), auto": (SlimFitConfig.paper(), True),
 }
 BASELINE = "plain sdpa, same frozen set"

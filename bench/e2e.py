@@ -24,7 +24,7 @@ Methods (a fresh model for each):
   slimfit-aggressive slimfit.patch(aggressive()) + ILSScheduler(freeze_rate=0.9)
   slimfit-paper+lora LoRA r=8 as above, then slimfit.patch(paper()) (base frozen: no scheduler)
   slimfit-wta_crs    paper() + WTA-CRS (ratio 0.3 on attention output and FFN linears) + scheduler 0.9
-                     (only when this slimfit's SlimFitConfig has `linear_sampling`)
+                     (only when this slimfit's SlimFitConfig has `sampling`)
 
 GPU: peak memory = torch.cuda.max_memory_allocated over the timed steps (weights, gradients, AdamW state
 and activations: the total a user must fit), after 3 warm-up steps; step time = median of CUDA-event
@@ -89,7 +89,7 @@ METHODS = {
 
 
 def sampling_available() -> bool:
-    return any(f.name == "linear_sampling" for f in SlimFitConfig.__dataclass_fields__.values())
+    return any(f.name == "sampling" for f in SlimFitConfig.__dataclass_fields__.values())
 
 
 @dataclass
@@ -151,7 +151,7 @@ def build_method(arch, method: Method, device: str):
     if method.preset is not None:
         config = SlimFitConfig.preset(method.preset)
         if method.sampling:
-            config = config.replace(linear_sampling="wta_crs", sample_ratio=SAMPLED_RATIO)
+            config = config.with_sampling(method="wta_crs", ratio=SAMPLED_RATIO)
         slimfit.patch(model, config)
         if method.sampling:
             counter = iter(range(10 ** 9))
@@ -360,7 +360,7 @@ def _methods(spec: str) -> list[str]:
         if m not in METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
     if "slimfit-wta_crs" in methods and not sampling_available():
-        print("slimfit-wta_crs skipped: this slimfit's SlimFitConfig has no linear_sampling")
+        print("slimfit-wta_crs skipped: this slimfit's SlimFitConfig has no sampling")
         methods.remove("slimfit-wta_crs")
     return methods
 

@@ -37,31 +37,31 @@ EXACT = SlimFitConfig.exact()
 # Eval mode has no attention dropout, so 'auto' would take PyTorch's fused kernel (P recomputed from
 # Q̃, K̃ in backward); the rows about P force slimfit's materializing core, the path a training step
 # with attention dropout takes on the CPU.
-MATERIALIZE = EXACT.replace(attention=True, attention_path="materialize")
-PAPER_MATERIALIZE = SlimFitConfig.paper().replace(attention_path="materialize")  # P recomputed either way
+MATERIALIZE = EXACT.with_attention(path="materialize")
+PAPER_MATERIALIZE = SlimFitConfig.paper().with_attention(path="materialize")  # P recomputed either way
 # One compression at a time (on top of exact()), then the presets.
 CONFIGS = {
     "GELU input 4-bit": EXACT.replace(gelu_bits=4),
     "GELU input 8-bit": EXACT.replace(gelu_bits=8),
     "FFN-out input 8-bit": EXACT.replace(ffn_out_input_bits=8),
-    "Q/K/V 8-bit, fused path": EXACT.replace(attention=True, qkv_bits=8),
-    "Q/K/V 8-bit, P full": MATERIALIZE.replace(qkv_bits=8),
-    "P top-10%": MATERIALIZE.replace(attn_probs="topk", attn_keep_ratio=0.1),
-    "P int8": MATERIALIZE.replace(attn_probs="int8"),
-    "Q/K/V 8-bit + P int8": MATERIALIZE.replace(qkv_bits=8, attn_probs="int8"),
-    "Q/K/V 8-bit + P recomputed": MATERIALIZE.replace(qkv_bits=8, attn_probs="recompute"),
+    "Q/K/V 8-bit, fused path": EXACT.with_attention(qkv_bits=8),
+    "Q/K/V 8-bit, P full": MATERIALIZE.with_attention(qkv_bits=8),
+    "P top-10%": MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
+    "P int8": MATERIALIZE.with_attention(probs="int8"),
+    "Q/K/V 8-bit + P int8": MATERIALIZE.with_attention(qkv_bits=8, probs="int8"),
+    "Q/K/V 8-bit + P recomputed": MATERIALIZE.with_attention(qkv_bits=8, probs="recompute"),
     "frozen LayerNorm x̂ top-10%": EXACT.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1),
     "frozen LayerNorm x̂ int8": EXACT.replace(layernorm_frozen="int8"),
     # paper() as it was until it took frozen x̂ int8 and recomputed P (the SlimFit code's choices)
-    "paper() before: frozen x̂ top-10%, P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk",
-                                                                           attn_probs="int8"),
-    "paper() with P int8": PAPER_MATERIALIZE.replace(attn_probs="int8"),
-    "paper() with P top-10%": PAPER_MATERIALIZE.replace(attn_probs="topk", attn_keep_ratio=0.1),
+    "paper() before: frozen x̂ top-10%, P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk").with_attention(
+        probs="int8"),
+    "paper() with P int8": PAPER_MATERIALIZE.with_attention(probs="int8"),
+    "paper() with P top-10%": PAPER_MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
     "paper() with frozen x̂ top-10%": PAPER_MATERIALIZE.replace(layernorm_frozen="topk"),
     "paper() with GELU 8-bit": PAPER_MATERIALIZE.replace(gelu_bits=8),
     "paper()": PAPER_MATERIALIZE,
     "paper(), fused path": SlimFitConfig.paper(),
-    "aggressive()": SlimFitConfig.aggressive().replace(attention_path="materialize"),
+    "aggressive()": SlimFitConfig.aggressive().with_attention(path="materialize"),
 }
 
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
              f"fp32, torch {versions['torch']}; `{_results.command('grad_fidelity', [])}`. Median over seeds "
              f"{args.seeds} of: cosine and relative error of all trainable gradients vs exact(), worst per-tensor "
              f"cosine (tensors with at least 1e-3 of the largest tensor's gradient norm). Rows with P and the "
-             f"paper()/aggressive() rows force slimfit's materializing attention core (attention_path='materialize': "
+             f"paper()/aggressive() rows force slimfit's materializing attention core (attention.path='materialize': "
              f"the path of a CPU training step with attention dropout); 'fused path' rows let 'auto' take PyTorch's "
              f"fused kernel (eval mode has no dropout).", ""]
     for key in args.models.split(","):

@@ -436,7 +436,7 @@ def main(argv=None) -> int:
                          "unless given)")
     args = ap.parse_args(argv)
     # wta_crs+frozen runs without sample ids on purpose (the saved bytes do not depend on them)
-    warnings.filterwarnings("ignore", message="slimfit: linear_sampling runs without sample ids")
+    warnings.filterwarnings("ignore", message=r"slimfit: sampling \(SlimFitConfig.sampling\) runs without sample ids")
     if args.quick:
         args.seq_len = min(args.seq_len, 64)
         args.repeats = min(args.repeats, 1)

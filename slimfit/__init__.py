@@ -1,6 +1,6 @@
 """slimfit: fine-tune transformers in far less accelerator memory."""
 from . import kernels
-from .config import SlimFitConfig
+from .config import AttentionSaving, LinearSampling, SlimFitConfig
 # The functions shadow the subpackage name slimfit.patch on purpose (import its
 # modules as `slimfit.patch.<module>` or via sys.modules).
 from .patch import patch, unpatch
@@ -22,5 +22,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'slimfit' has no attribute {name!r}")
 
 
-__all__ = ["kernels", "SlimFitConfig", "patch", "unpatch", "compile", "ILSScheduler", "autograd", "memory", "scheduler",
-           "reversible", "__version__"]
+__all__ = ["kernels", "SlimFitConfig", "AttentionSaving", "LinearSampling", "patch", "unpatch", "compile",
+           "ILSScheduler", "autograd", "memory", "scheduler", "reversible", "__version__"]

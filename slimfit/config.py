@@ -1,4 +1,8 @@
-"""SlimFitConfig: what slimfit.patch changes, as one validated dataclass with named presets."""
+"""SlimFitConfig: what slimfit.patch changes, as one validated dataclass with named presets.
+
+Flat fields for the per-layer choices; two optional parts, each a frozen dataclass that checks its own
+fields: `attention` (AttentionSaving: slimfit's attention core, None = attention left alone) and
+`sampling` (LinearSampling: WTA-CRS sampled weight gradients, None = off)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,20 +10,130 @@ from dataclasses import dataclass
 
 from .autograd._common import NORM_SAVES
 from .autograd.attention import PROBS_MODES
+from .autograd.wta_crs import SAMPLERS
 from .kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 
 # The allowed values are the ones the layers declare (declared once there).
 _BITS = (None, *SUPPORTED_BITS)
 _LAYERNORM_SAVES = NORM_SAVES
 _PROBS = PROBS_MODES
-_ATTENTION_PATHS = ("auto", "fused", "materialize")
+ATTENTION_PATHS = ("auto", "fused", "materialize")  # patch.hf_attention.choose_path's choices
 _DROPOUT = ("torch", "seed", "bitmask")
 _GROUP_SIZES = SUPPORTED_GROUP_SIZES
-_SAMPLING = (None, "wta_crs", "crs")
+_SAMPLE_METHODS = SAMPLERS
 _SAMPLE_TARGETS = ("paper", "all")
 _SAMPLE_NORMS = ("token", "sample")
 CONFIG_NAME = "slimfit_config.json"
-_SAMPLE_DEFAULTS = {"sample_ratio": 0.3, "sample_min_rows": 10, "sample_targets": "paper", "sample_norms": "token"}
+
+
+def _check_bits(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or value not in _BITS:
+        raise ValueError(f"{owner}.{name} must be one of {_BITS}, got {value!r}")
+
+
+def _check_choice(owner: str, name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_fraction(owner: str, name: str, value, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < float(value) <= 1.0):
+        raise ValueError(f"{owner}.{name} must be a number in (0, 1] ({meaning}), got {value!r}")
+
+
+def _check_flag(owner: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionSaving:
+    """What slimfit's attention core saves (SlimFitConfig.attention; None there leaves attention alone).
+    The defaults compress nothing: AttentionSaving() routes attention through slimfit, Q/K/V and P kept.
+
+    qkv_bits      saved Q, K, V: None (full) or 8/4/2 bits
+    probs         saved attention probabilities on the materializing path: 'full', 'topk', 'int8', 'int4',
+                  or 'recompute' (nothing kept: rebuilt in backward from the saved Q/K, one more Q·Kᵀ GEMM
+                  per attention)
+    keep_ratio    fraction of each row of P kept by probs='topk'
+    dropout_on_v  apply attention dropout to V instead of P (the SlimFit code's trick; changes the model)
+    path          'auto' (PyTorch's fused kernel with Q/K/V compressed wherever one exists and it keeps fewer
+                  bytes, else the materializing core), 'fused' (wherever a kernel exists; warns when it falls
+                  back), 'materialize' (always the core with compressed P); docs/attention.md
+    """
+
+    qkv_bits: int | None = None
+    probs: str = "full"
+    keep_ratio: float = 0.1
+    dropout_on_v: bool = False
+    path: str = "auto"
+
+    def __post_init__(self):
+        _check_bits("AttentionSaving", "qkv_bits", self.qkv_bits)
+        _check_choice("AttentionSaving", "probs", self.probs, _PROBS)
+        _check_fraction("AttentionSaving", "keep_ratio", self.keep_ratio, "the fraction of each row of P kept")
+        _check_flag("AttentionSaving", "dropout_on_v", self.dropout_on_v)
+        _check_choice("AttentionSaving", "path", self.path, ATTENTION_PATHS)
+
+
+@dataclass(frozen=True)
+class LinearSampling:
+    """WTA-CRS sampled weight gradients of target linears (SlimFitConfig.sampling; None there = off;
+    docs/wta_crs.md).
+
+    method    'wta_crs' or 'crs'
+    ratio     fraction of token rows kept by the sampled linears, in (0, 1]
+    min_rows  keep at least this many rows (an int >= 1)
+    targets   'paper' (attention output projection and the FFN linears of a known family, never Q/K/V)
+              or 'all' (every linear layer)
+    norms     stale gradient norms kept per 'token' or one per 'sample' (NormCache per_token)
+    """
+
+    method: str = "wta_crs"
+    ratio: float = 0.3
+    min_rows: int = 10
+    targets: str = "paper"
+    norms: str = "token"
+
+    def __post_init__(self):
+        _check_choice("LinearSampling", "method", self.method, _SAMPLE_METHODS)
+        _check_fraction("LinearSampling", "ratio", self.ratio, "the fraction of token rows kept for the weight "
+                        "gradient")
+        rows = self.min_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"LinearSampling.min_rows must be an int >= 1, got {rows!r}")
+        _check_choice("LinearSampling", "targets", self.targets, _SAMPLE_TARGETS)
+        _check_choice("LinearSampling", "norms", self.norms, _SAMPLE_NORMS)
+
+
+_PARTS = {"attention": AttentionSaving, "sampling": LinearSampling}
+# The flat fields of earlier versions, now in a part: old name -> (part, field). Given as keywords they
+# raise (naming the new spelling); in a checkpoint written then they are read (from_dict).
+_FLAT = {
+    "qkv_bits": ("attention", "qkv_bits"),
+    "attn_probs": ("attention", "probs"),
+    "attn_keep_ratio": ("attention", "keep_ratio"),
+    "attn_dropout_on_v": ("attention", "dropout_on_v"),
+    "attention_path": ("attention", "path"),
+    "linear_sampling": ("sampling", "method"),
+    "sample_ratio": ("sampling", "ratio"),
+    "sample_min_rows": ("sampling", "min_rows"),
+    "sample_targets": ("sampling", "targets"),
+    "sample_norms": ("sampling", "norms"),
+}
+# Flat fields the earlier versions accepted, and did not use, with attention=False.
+_UNUSED_WHEN_OFF = ("attn_keep_ratio", "attention_path")
+
+
+def _moved_error(old_names) -> TypeError:
+    lines = []
+    for part, cls in _PARTS.items():
+        moved = [(old, new) for old, (p, new) in _FLAT.items() if p == part and old in old_names]
+        if moved:
+            args = ", ".join(f"{new}=..." for _, new in moved)
+            lines.append(f"{', '.join(f'{old} is now {part}.{new}' for old, new in moved)}: "
+                         f"SlimFitConfig({part}={cls.__name__}({args})), or cfg.with_{part}({args}) on a config")
+    return TypeError("SlimFitConfig: " + "; ".join(lines) + " (attention=None / sampling=None: the part is off)")
 
 
 @dataclass(frozen=True)
@@ -35,31 +149,23 @@ class SlimFitConfig:
     layernorm           what a LayerNorm / RMSNorm with trainable weight saves: 'full' (x̂ + rstd), 'int8', 'topk'
     layernorm_frozen    what a LayerNorm / RMSNorm with frozen weight saves
     layernorm_keep_ratio  fraction of each row kept by 'topk'
-    attention           route attention through slimfit's core (Q/K/V and P compressed)
-    qkv_bits            saved Q, K, V: None (full) or 8/4 bits
-    attn_probs          saved attention probabilities: 'full', 'topk', 'int8', 'int4', or 'recompute' (nothing
-                        kept: rebuilt in backward from the saved Q/K, one more Q·Kᵀ GEMM per attention)
-    attn_keep_ratio     fraction of each row of P kept by 'topk'
-    attn_dropout_on_v   apply attention dropout to V instead of P (the SlimFit code's trick; changes the model)
-    attention_path      'auto' (PyTorch's fused kernel with Q/K/V compressed wherever one exists and it keeps
-                        fewer bytes, else the materializing core), 'fused' (wherever a kernel exists; warns when
-                        it falls back), 'materialize' (always the core with compressed P); docs/attention.md
+    attention           AttentionSaving: route attention through slimfit's core, Q/K/V and P saved as it says;
+                        None (default): attention left alone
     dropout             'torch' (left alone), 'seed' (mask regenerated: 0 bytes), 'bitmask' (1 bit/element)
     group_size          quantization group size (32, 64, 128, 256)
     stochastic          stochastic rounding (unbiased) instead of round-to-nearest
     check_finite        raise on NaN/Inf (or fp32-overflowing) saved activations; off by default because
                         each check reads a value on the host (one sync per compressed tensor on a GPU).
                         Off, non-finite inputs still give non-finite gradients (they are not hidden)
-    linear_sampling     estimate the weight gradient of target linears from sampled token rows
-                        (docs/wta_crs.md): None (off), 'wta_crs' or 'crs'
-    sample_ratio        fraction of token rows kept by the sampled linears, in (0, 1]
-    sample_min_rows     keep at least this many rows (an int >= 1)
-    sample_targets      'paper' (attention output projection and the FFN linears of a known family, never
-                        Q/K/V) or 'all' (every linear layer)
-    sample_norms        stale gradient norms kept per 'token' or one per 'sample' (NormCache per_token)
+    sampling            LinearSampling: estimate the weight gradient of target linears from sampled token rows
+                        (docs/wta_crs.md); None (default): off
     lm_head_chunk_rows  *ForCausalLM (Llama, Mistral, Qwen2/3, GPT-2) trained with labels: the loss through a chunked
                         linear + cross-entropy of this many rows at a time (the B·S·vocab logits are never kept;
                         training outputs then have logits=None; docs/decoders.md); None: the model's own head and loss
+
+    Changing a config: `cfg.replace(gelu_bits=8)` for a flat field; `cfg.with_attention(probs="int8")` /
+    `cfg.with_sampling(ratio=0.5)` for a field of a part (turning the part on, from its defaults, when it
+    was None); `cfg.replace(attention=None)` / `cfg.replace(sampling=None)` turn a part off.
 
     Convolutions (nn.Conv1d/2d/3d) with a frozen weight always take a lossless fast path that saves
     no activation (slimfit.autograd.conv); there is nothing to configure.
@@ -72,94 +178,82 @@ class SlimFitConfig:
     layernorm: str = "full"
     layernorm_frozen: str = "full"
     layernorm_keep_ratio: float = 0.1
-    attention: bool = False
-    qkv_bits: int | None = None
-    attn_probs: str = "full"
-    attn_keep_ratio: float = 0.1
-    attn_dropout_on_v: bool = False
-    attention_path: str = "auto"
+    attention: AttentionSaving | None = None
     dropout: str = "seed"
     group_size: int = 128
     stochastic: bool = False
     check_finite: bool = False
-    linear_sampling: str | None = None
-    sample_ratio: float = 0.3
-    sample_min_rows: int = 10
-    sample_targets: str = "paper"
-    sample_norms: str = "token"
+    sampling: LinearSampling | None = None
     lm_head_chunk_rows: int | None = None
 
+    def __new__(cls, *args, **kwargs):
+        # An old flat keyword (the constructor's or replace()'s) names its new spelling instead of
+        # Python's bare "unexpected keyword argument".
+        moved = [name for name in kwargs if name in _FLAT]
+        if moved:
+            raise _moved_error(moved)
+        return super().__new__(cls)
+
     def __post_init__(self):
-        for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits", "qkv_bits"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or value not in _BITS:
-                raise ValueError(f"SlimFitConfig.{name} must be one of {_BITS}, got {value!r}")
+        for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits"):
+            _check_bits("SlimFitConfig", name, getattr(self, name))
         if 2 in (self.gelu_bits, self.silu_bits, self.linear_input_bits, self.ffn_out_input_bits):
             # 2-bit saved inputs are available as a kernel but too lossy for gradients here.
             raise ValueError("SlimFitConfig: 2-bit saved activations are not supported for linear/GELU/SiLU; "
                              "use 4 or 8")
         for name in ("layernorm", "layernorm_frozen"):
-            if getattr(self, name) not in _LAYERNORM_SAVES:
-                raise ValueError(f"SlimFitConfig.{name} must be one of {_LAYERNORM_SAVES}, got {getattr(self, name)!r}")
-        if self.attn_probs not in _PROBS:
-            raise ValueError(f"SlimFitConfig.attn_probs must be one of {_PROBS}, got {self.attn_probs!r}")
-        if self.attention_path not in _ATTENTION_PATHS:
-            raise ValueError(f"SlimFitConfig.attention_path must be one of {_ATTENTION_PATHS}, got {self.attention_path!r}")
-        if self.dropout not in _DROPOUT:
-            raise ValueError(f"SlimFitConfig.dropout must be one of {_DROPOUT}, got {self.dropout!r}")
-        for name in ("layernorm_keep_ratio", "attn_keep_ratio"):
+            _check_choice("SlimFitConfig", name, getattr(self, name), _LAYERNORM_SAVES)
+        _check_fraction("SlimFitConfig", "layernorm_keep_ratio", self.layernorm_keep_ratio,
+                        "the fraction of each row kept by 'topk'")
+        _check_choice("SlimFitConfig", "dropout", self.dropout, _DROPOUT)
+        _check_choice("SlimFitConfig", "group_size", self.group_size, _GROUP_SIZES)
+        for name, part in _PARTS.items():
             value = getattr(self, name)
-            if not (0.0 < value <= 1.0):
-                raise ValueError(f"SlimFitConfig.{name} must be in (0, 1], got {value!r}")
-        if self.group_size not in _GROUP_SIZES:
-            raise ValueError(f"SlimFitConfig.group_size must be one of {_GROUP_SIZES}, got {self.group_size!r}")
-        if not self.attention and (self.qkv_bits is not None or self.attn_probs != "full" or self.attn_dropout_on_v):
-            raise ValueError(
-                "SlimFitConfig: qkv_bits / attn_probs / attn_dropout_on_v need attention=True "
-                "(they configure slimfit's attention core)"
-            )
-        self._check_sampling()
+            if value is not None and not isinstance(value, part):
+                hint = (f" ({name}=True is now {name}={part.__name__}(), {name}=False is {name}=None)"
+                        if isinstance(value, bool) else "")
+                raise TypeError(f"SlimFitConfig.{name} must be None or {part.__name__}(...), got "
+                                f"{type(value).__name__} {value!r}{hint}")
         rows = self.lm_head_chunk_rows
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise ValueError(f"SlimFitConfig.lm_head_chunk_rows must be None or an int >= 1, got {rows!r}")
 
-    def _check_sampling(self) -> None:
-        if self.linear_sampling not in _SAMPLING:
-            raise ValueError(f"SlimFitConfig.linear_sampling must be one of {_SAMPLING}, got {self.linear_sampling!r}")
-        ratio = self.sample_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"SlimFitConfig.sample_ratio must be a number in (0, 1] (the fraction of token rows "
-                             f"kept for the weight gradient), got {ratio!r}")
-        k_min = self.sample_min_rows
-        if isinstance(k_min, bool) or not isinstance(k_min, int) or k_min < 1:
-            raise ValueError(f"SlimFitConfig.sample_min_rows must be an int >= 1, got {k_min!r}")
-        if self.sample_targets not in _SAMPLE_TARGETS:
-            raise ValueError(f"SlimFitConfig.sample_targets must be one of {_SAMPLE_TARGETS}, got {self.sample_targets!r}")
-        if self.sample_norms not in _SAMPLE_NORMS:
-            raise ValueError(f"SlimFitConfig.sample_norms must be one of {_SAMPLE_NORMS}, got {self.sample_norms!r}")
-        if self.linear_sampling is None:
-            changed = [k for k, v in _SAMPLE_DEFAULTS.items() if getattr(self, k) != v]
-            if changed:
-                raise ValueError(f"SlimFitConfig: {', '.join(changed)} only apply with linear_sampling='wta_crs' "
-                                 "or 'crs' (they configure the sampled weight gradients)")
-
     def replace(self, **changes) -> "SlimFitConfig":
+        """This config with flat fields (or whole parts: attention=..., sampling=...) changed."""
         return dataclasses.replace(self, **changes)
+
+    def with_attention(self, **changes) -> "SlimFitConfig":
+        """This config with `changes` to its AttentionSaving (from AttentionSaving()'s defaults when
+        attention is None): `cfg.with_attention(probs="int8")`; `cfg.with_attention()` turns it on."""
+        return self._with_part("attention", changes)
+
+    def with_sampling(self, **changes) -> "SlimFitConfig":
+        """This config with `changes` to its LinearSampling (from LinearSampling()'s defaults, method
+        'wta_crs', when sampling is None): `cfg.with_sampling(ratio=0.5)`."""
+        return self._with_part("sampling", changes)
+
+    def _with_part(self, name: str, changes: dict) -> "SlimFitConfig":
+        part = getattr(self, name)
+        part = _PARTS[name]() if part is None else part
+        return self.replace(**{name: dataclasses.replace(part, **changes)})
 
     # ------------------------------------------------------------------ checkpoints
     def to_dict(self) -> dict:
+        """The nested form: each part a dict of its fields, or None."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "SlimFitConfig":
-        """A config from `to_dict()`'s output; keys it does not know are refused, by name."""
+        """A config from `to_dict()`'s output, or from the flat form earlier versions wrote (attention
+        a bool, qkv_bits, attn_probs, ..., linear_sampling, sample_ratio, ...), converted; keys it does
+        not know are refused, by name."""
         if not isinstance(values, dict):
             raise TypeError(f"SlimFitConfig.from_dict expects a dict, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"SlimFitConfig: unknown field(s) {unknown} (written by another slimfit version?); "
-                             f"known fields: {sorted(known)}")
+        values = _nest_flat(values)
+        _refuse_unknown("SlimFitConfig", values, cls)
+        for name in _PARTS:
+            if isinstance(values.get(name), dict):
+                values[name] = _part_from_dict(name, values[name])
         return cls(**values)
 
     def save_pretrained(self, save_directory) -> str:
@@ -177,7 +271,8 @@ class SlimFitConfig:
 
     @classmethod
     def from_pretrained(cls, path) -> "SlimFitConfig":
-        """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file)."""
+        """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file),
+        by this version or an earlier one (`from_dict`)."""
         import json
         import os
 
@@ -213,7 +308,7 @@ class SlimFitConfig:
         * P recomputed, not int8 (nor top-10%): the gradient of attention at the dequantized point,
           3x closer to exact than int8 P on MiniLM (rel. error 1.2e-3 vs 3.4e-3), no S×S bytes at
           all, for one more Q·Kᵀ GEMM per attention in backward. Top-10% of P cost 28 points on
-          Fashion-MNIST (`.replace(attn_probs="topk")` keeps it available)."""
+          Fashion-MNIST (`.with_attention(probs="topk")` keeps it available)."""
         return cls(
             ffn_out_input_bits=8,
             gelu_bits=4,
@@ -221,9 +316,7 @@ class SlimFitConfig:
             layernorm="full",
             layernorm_frozen="int8",
             layernorm_keep_ratio=0.1,
-            attention=True,
-            qkv_bits=8,
-            attn_probs="recompute",
+            attention=AttentionSaving(qkv_bits=8, probs="recompute"),
             dropout="seed",
             lm_head_chunk_rows=256,
         )
@@ -240,7 +333,7 @@ class SlimFitConfig:
         """paper() plus WTA-CRS sampled weight gradients (30% of the token rows) for the attention
         output projection and the FFN linears (docs/wta_crs.md). Pass sample ids (dataset indices)
         for the variance reduction: `model(**batch, sample_ids=idx)`."""
-        return cls.paper().replace(linear_sampling="wta_crs", sample_ratio=0.3)
+        return cls.paper().replace(sampling=LinearSampling(method="wta_crs", ratio=0.3))
 
     @classmethod
     def preset(cls, name: str) -> "SlimFitConfig":
@@ -248,3 +341,47 @@ class SlimFitConfig:
         if name not in presets:
             raise ValueError(f"unknown SlimFitConfig preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()
+
+
+def _refuse_unknown(where: str, values: dict, cls) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown} (written by another slimfit version?); "
+                         f"known fields: {sorted(known)}")
+
+
+def _part_from_dict(name: str, values: dict):
+    _refuse_unknown(f"SlimFitConfig.{name}", values, _PARTS[name])
+    return _PARTS[name](**values)
+
+
+def _nest_flat(values: dict) -> dict:
+    """A copy of `values` with the flat fields of earlier versions (attention: bool, qkv_bits, attn_*,
+    attention_path; linear_sampling, sample_*) moved into the parts, as dicts. A part such a version
+    had off becomes None; a field it refused while off (e.g. qkv_bits without attention) raises, the
+    ones it accepted and did not use (attn_keep_ratio, attention_path) are dropped."""
+    values = dict(values)
+    for name, part in _PARTS.items():
+        flat = {old: values.pop(old) for old, (p, _) in _FLAT.items() if p == name and old in values}
+        if name == "attention" and isinstance(values.get(name), bool):
+            on = values.pop(name)  # the old switch
+        elif flat:
+            if name in values:
+                raise ValueError(f"SlimFitConfig.from_dict: both {name!r} and the flat field(s) {sorted(flat)} "
+                                 f"of earlier versions; give {name!r} only")
+            on = flat.get("linear_sampling") is not None  # attention without its switch: off, the old default
+        else:
+            continue
+        if on:
+            values[name] = {_FLAT[old][1]: value for old, value in flat.items()}
+            continue
+        flat.pop("linear_sampling", None)  # the old switch of sampling: None
+        defaults = part()
+        set_while_off = sorted(old for old, value in flat.items()
+                               if old not in _UNUSED_WHEN_OFF and value != getattr(defaults, _FLAT[old][1]))
+        if set_while_off:
+            raise ValueError(f"SlimFitConfig.from_dict: {set_while_off} set while {name} is off (attention=False / "
+                             "linear_sampling=None): they configure nothing there")
+        values[name] = None
+    return values

@@ -1,5 +1,6 @@
-"""Every SlimFitConfig field is honoured: changing it (from a config where it applies) changes what a
-training step saves, the gradients it gives, or raises. A field added without a case here fails
+"""Every SlimFitConfig field, and every field of its parts (AttentionSaving, LinearSampling; named
+'attention.<field>', 'sampling.<field>'), is honoured: changing it (from a config where it applies) changes
+what a training step saves, the gradients it gives, or raises. A field added without a case here fails
 `test_every_field_has_a_case`, so no option can be accepted and silently ignored."""
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import pytest
 import torch
 
 import slimfit
-from slimfit import SlimFitConfig, memory
+from slimfit import AttentionSaving, LinearSampling, SlimFitConfig, memory
 from tests.patch.tiny_models import BATCH, build
 
 EXACT = SlimFitConfig.exact()
-ATTENTION = EXACT.replace(attention=True)
-MATERIALIZE = ATTENTION.replace(attention_path="materialize")
-SAMPLED = SlimFitConfig.paper().replace(linear_sampling="wta_crs", sample_ratio=0.5, sample_min_rows=1)
+ATTENTION = EXACT.with_attention()
+MATERIALIZE = ATTENTION.with_attention(path="materialize")
+SAMPLED = SlimFitConfig.paper().with_sampling(method="wta_crs", ratio=0.5, min_rows=1)
 
 # field -> (config it applies to, another valid value, the tiny model, what must change)
 #   'bytes': saved-for-backward bytes of one training step; 'grads': the gradients of that step
@@ -27,25 +28,39 @@ CASES = {
     "layernorm": (EXACT, "int8", "bert", "bytes"),
     "layernorm_frozen": (EXACT, "int8", "bert-frozen-norms", "bytes"),
     "layernorm_keep_ratio": (EXACT.replace(layernorm="topk"), 0.5, "bert", "bytes"),
-    "attention": (EXACT, True, "bert", "bytes"),
-    "qkv_bits": (ATTENTION, 8, "bert", "bytes"),
-    "attn_probs": (MATERIALIZE, "int8", "bert", "bytes"),
-    "attn_keep_ratio": (MATERIALIZE.replace(attn_probs="topk"), 0.5, "bert", "bytes"),
-    "attn_dropout_on_v": (MATERIALIZE, True, "bert", "grads"),
-    "attention_path": (ATTENTION.replace(attn_probs="int8"), "materialize", "bert-no-dropout", "bytes"),
+    "attention": (EXACT, AttentionSaving(), "bert", "bytes"),
+    "attention.qkv_bits": (ATTENTION, 8, "bert", "bytes"),
+    "attention.probs": (MATERIALIZE, "int8", "bert", "bytes"),
+    "attention.keep_ratio": (MATERIALIZE.with_attention(probs="topk"), 0.5, "bert", "bytes"),
+    "attention.dropout_on_v": (MATERIALIZE, True, "bert", "grads"),
+    "attention.path": (ATTENTION.with_attention(probs="int8"), "materialize", "bert-no-dropout", "bytes"),
     "dropout": (EXACT, "bitmask", "bert", "bytes"),
     "group_size": (EXACT.replace(gelu_bits=4), 32, "bert", "bytes"),
     # without dropout: stochastic=True also advances torch's generator once per forward (side seeds), which
     # would change dropout masks; here only the rounding of the 4-bit GELU input can change the gradients
     "stochastic": (EXACT.replace(gelu_bits=4), True, "bert-no-dropout", "grads"),
-    "linear_sampling": (SlimFitConfig.paper(), "wta_crs", "bert", "grads"),
-    "sample_ratio": (SAMPLED, 0.2, "bert", "bytes"),
-    "sample_min_rows": (SAMPLED.replace(sample_ratio=0.05), 30, "bert", "bytes"),
-    "sample_targets": (SAMPLED, "all", "bert", "bytes"),
-    "sample_norms": (SAMPLED, "sample", "bert", "grads"),
+    "sampling": (SlimFitConfig.paper(), LinearSampling(), "bert", "grads"),
+    "sampling.method": (SAMPLED, "crs", "bert", "grads"),
+    "sampling.ratio": (SAMPLED, 0.2, "bert", "bytes"),
+    "sampling.min_rows": (SAMPLED.with_sampling(ratio=0.05), 30, "bert", "bytes"),
+    "sampling.targets": (SAMPLED, "all", "bert", "bytes"),
+    "sampling.norms": (SAMPLED, "sample", "bert", "grads"),
     "lm_head_chunk_rows": (EXACT, 16, "llama", "bytes"),
     "check_finite": (EXACT.replace(gelu_bits=4), True, "bert-nan", "raises"),
 }
+PARTS = {"attention": AttentionSaving, "sampling": LinearSampling}
+
+
+def _get(config: SlimFitConfig, field: str):
+    part, _, name = field.rpartition(".")
+    return getattr(getattr(config, part) if part else config, name)
+
+
+def _changed(config: SlimFitConfig, field: str, value) -> SlimFitConfig:
+    part, _, name = field.rpartition(".")
+    if not part:
+        return config.replace(**{name: value})
+    return getattr(config, f"with_{part}")(**{name: value})
 
 
 def _step(config: SlimFitConfig, model_kind: str):
@@ -64,7 +79,7 @@ def _step(config: SlimFitConfig, model_kind: str):
         for name, p in model.named_parameters():
             if "LayerNorm" in name:
                 p.requires_grad_(False)
-    if config.linear_sampling is not None:
+    if config.sampling is not None:
         inputs = {**inputs, "sample_ids": torch.arange(BATCH)}
     if model_kind == "bert-nan":  # a NaN reaching a compressed activation
         model.bert.embeddings.word_embeddings.weight.data[inputs["input_ids"][0, 0]] = float("nan")
@@ -73,7 +88,7 @@ def _step(config: SlimFitConfig, model_kind: str):
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
     model(**inputs).loss.backward()
-    if config.linear_sampling is not None:  # a second step: sampling by the norms cached on the first
+    if config.sampling is not None:  # a second step: sampling by the norms cached on the first
         torch.manual_seed(1)
         model.zero_grad(set_to_none=True)
         model(**inputs).loss.backward()
@@ -82,14 +97,17 @@ def _step(config: SlimFitConfig, model_kind: str):
 
 
 def test_every_field_has_a_case():
-    assert set(CASES) == {f.name for f in dataclasses.fields(SlimFitConfig)}
+    fields = {f.name for f in dataclasses.fields(SlimFitConfig)}
+    fields |= {f"{part}.{f.name}" for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
+    assert set(CASES) == fields
 
 
 @pytest.mark.parametrize("field", sorted(CASES))
 def test_field_changes_the_step(field):
     base, value, model_kind, what = CASES[field]
-    assert getattr(base, field) != value
-    changed = base.replace(**{field: value})
+    assert _get(base, field) != value
+    changed = _changed(base, field, value)
+    assert _get(changed, field) == value
     if what == "raises":
         _step(base, model_kind)  # the unchecked step runs (NaN propagates silently)
         with pytest.raises(ValueError, match="NaN|Inf|non-finite"):

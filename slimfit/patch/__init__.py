@@ -46,7 +46,7 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
 
     family = family_for(model)
     summary = PatchSummary(family=family.name if family else "generic", notes=family.notes if family else ())
-    holder = SampleIds() if config.linear_sampling else None
+    holder = SampleIds() if config.sampling is not None else None
     ctx = PatchContext(config, family, sample_ids=holder)
 
     for name, module in model.named_modules():  # each selected module: the first handler that matches it
@@ -74,13 +74,13 @@ def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: Patch
     """What is patched on the model, not per module: sampling and seed hooks, attention, the LM head."""
     if holder is not None:
         if not any(kind == "linear" and "of rows" in mode for _, kind, mode in summary.patched):
-            why = ("sample_targets='paper' needs a known family (use sample_targets='all')" if family is None
+            why = ("sampling.targets='paper' needs a known family (use targets='all')" if family is None
                    else "no linear layer matches the family's sampling targets")
             summary.skipped.append(("<sampling>", type(model).__name__, why))
         install_hooks(model)
     if config.stochastic or holder is not None:
         install_seed_hook(model)
-    if config.attention:
+    if config.attention is not None:
         summary.attention = _patch_attention(model, config, summary, keep)
         if summary.attention is None:  # not a transformers attention: route its F.scaled_dot_product_attention calls
             torch_attention.install(model, config, summary)
@@ -159,7 +159,8 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
     for name, module in model.named_modules():
         if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name):
             setattr(module, hf_attention.ATTENTION_OPTIONS, options)
-            summary.patched.append((name, "attention", f"qkv {config.qkv_bits or 'full'}, P {config.attn_probs}"))
+            saving = config.attention
+            summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
             n += 1
     if n == 0:
         summary.skipped.append(("<attention>", type(model).__name__, "no attention module found"))

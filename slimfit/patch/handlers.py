@@ -54,7 +54,7 @@ class PatchContext:
 
     config: SlimFitConfig
     family: families.Family | None
-    sample_ids: object = None  # sampling.SampleIds when config.linear_sampling, else None
+    sample_ids: object = None  # sampling.SampleIds when config.sampling, else None
     claimed: set = field(default_factory=set)  # ids of modules a patched parent computes itself
     swiglu_mlps: frozenset = field(default_factory=lambda: families.known_classes("swiglu_mlps"))
     rmsnorms: frozenset = field(default_factory=lambda: families.known_classes("rmsnorms"))
@@ -169,17 +169,17 @@ def _linear_options(ctx: PatchContext, name: str, module) -> LinearOptions:
     bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
     sampling = None
     if ctx.sample_ids is not None and _is_sample_target(config, family, name):
-        sampling = Sampling(sampler=config.linear_sampling, ratio=float(config.sample_ratio),
-                            k_min=config.sample_min_rows, ids=ctx.sample_ids, name=name)
+        s = config.sampling
+        sampling = Sampling(sampler=s.method, ratio=float(s.ratio), k_min=s.min_rows, ids=ctx.sample_ids, name=name)
     return LinearOptions.from_config(config, bits, sampling)
 
 
 def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
-    """Whether the linear `name` gets sampled weight gradients: every one for sample_targets='all';
+    """Whether the linear `name` gets sampled weight gradients: every one for sampling.targets='all';
     for 'paper', the family's attention-output and FFN linears. Under PEFT LoRA, a target's
     base_layer (frozen: fast path anyway) and lora_A (its input is the full-width activation) are
     sampled, lora_B (input: r values per token) is not."""
-    if config.sample_targets == "all":
+    if config.sampling.targets == "all":
         return True
     return family is not None and family.is_sample_target(name)
 
@@ -188,13 +188,13 @@ def _linear_mode(ctx: PatchContext, o: LinearOptions) -> str:
     bits = o.input_bits
     mode = f"input {bits or 'full'}{'-bit' if bits else ''}"
     if o.sampling is not None:
-        mode += f", {ctx.config.linear_sampling} {ctx.config.sample_ratio:.0%} of rows"
+        mode += f", {ctx.config.sampling.method} {ctx.config.sampling.ratio:.0%} of rows"
     return mode + ", frozen fast path"
 
 
 def _linear_cache(ctx: PatchContext, module, o: LinearOptions) -> None:
     if o.sampling is not None:
-        setattr(module, NORM_CACHE, NormCache(per_token=ctx.config.sample_norms == "token"))
+        setattr(module, NORM_CACHE, NormCache(per_token=ctx.config.sampling.norms == "token"))
 
 
 # -- activations -----------------------------------------------------------------------------------------

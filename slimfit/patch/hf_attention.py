@@ -22,11 +22,12 @@ import torch
 from .. import autograd as sf
 from ..autograd.attention import topk_keep
 from ..autograd.fused_attention import fused_kernel, quantized_bytes
+from ..config import ATTENTION_PATHS
 from .options import AttentionOptions
 
 ATTENTION_OPTIONS = "_slimfit_attention"
 IMPLEMENTATIONS = {"sdpa": "slimfit_sdpa", "eager": "slimfit_eager"}
-PATHS = ("auto", "fused", "materialize")
+PATHS = ATTENTION_PATHS  # choose_path's choices (declared with the config's check of them)
 _registered = False
 _warned_unpatched = False
 _warned_fallback: set = set()
@@ -79,9 +80,9 @@ def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_
     opts = AttentionOptions.of(opts)
     wanted = opts.path
     if wanted == "materialize":
-        return "materialize", "attention_path='materialize'"
+        return "materialize", "attention.path='materialize'"
     if opts.dropout_on_v and dropout_p > 0.0:
-        return "materialize", "attn_dropout_on_v (dropout on V exists only in the materializing path)"
+        return "materialize", "attention.dropout_on_v (dropout on V exists only in the materializing path)"
     kernel = fused_kernel(query, key, value, mask, dropout_p, is_causal)
     if kernel is None:
         return "materialize", (f"no fused PyTorch kernel for these inputs ({query.device.type}, {query.dtype}, "
@@ -124,7 +125,7 @@ def _make(original: str):
             )
             return out.transpose(1, 2).contiguous(), None
         if opts.path == "fused" and why not in _warned_fallback:
-            warnings.warn(f"slimfit: attention_path='fused' but {why}; {type(module).__name__} uses the "
+            warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
                           "materializing path (P saved compressed, dropout replayed from a seed)")
             _warned_fallback.add(why)
         groups = getattr(module, "num_key_value_groups", 1)

@@ -104,13 +104,14 @@ class AttentionOptions:
     group_size: int
     dropout_on_v: bool
     check_finite: bool = False
-    path: str = "auto"  # SlimFitConfig.attention_path
+    path: str = "auto"  # SlimFitConfig.attention.path
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):
-        return cls(qkv_bits=config.qkv_bits, probs=config.attn_probs, keep_ratio=config.attn_keep_ratio,
-                   group_size=config.group_size, dropout_on_v=config.attn_dropout_on_v,
-                   check_finite=config.check_finite, path=config.attention_path)
+        """The options of a config whose `attention` is an AttentionSaving (not None)."""
+        a = config.attention
+        return cls(qkv_bits=a.qkv_bits, probs=a.probs, keep_ratio=a.keep_ratio, group_size=config.group_size,
+                   dropout_on_v=a.dropout_on_v, check_finite=config.check_finite, path=a.path)
 
     @classmethod
     def of(cls, opts) -> AttentionOptions:

@@ -1,6 +1,6 @@
 """Sample ids for the WTA-CRS sampled linears of a patched model (docs/wta_crs.md).
 
-A model patched with `linear_sampling` gets one `SampleIds` holder shared by all its sampled
+A model patched with `SlimFitConfig.sampling` gets one `SampleIds` holder shared by all its sampled
 linears. The ids of the current batch reach it in one of two ways:
 
     loss = model(**batch, sample_ids=batch_indices).loss        # popped by a root forward pre-hook
@@ -21,8 +21,8 @@ import torch
 NORM_CACHE = "_slimfit_norm_cache"
 
 _NO_IDS_WARNING = (
-    "slimfit: linear_sampling runs without sample ids, so rows are drawn with p ∝ ‖x‖ only (no stale "
-    "gradient norms: the variance of plain CRS, often worse than uniform on padded text). Pass the "
+    "slimfit: sampling (SlimFitConfig.sampling) runs without sample ids, so rows are drawn with p ∝ ‖x‖ only "
+    "(no stale gradient norms: the variance of plain CRS, often worse than uniform on padded text). Pass the "
     "batch's dataset indices: model(**batch, sample_ids=idx) or `with slimfit.patch.sample_ids(model, idx):`."
 )
 
@@ -175,7 +175,7 @@ def sample_ids(model: torch.nn.Module, ids):
     if getattr(model, MODEL_STATE, None) is None:
         raise RuntimeError("slimfit.patch.sample_ids: the model is not patched (call slimfit.patch first)")
     holder = _holder(model)
-    if holder is None:  # patched without linear_sampling: nothing reads ids
+    if holder is None:  # patched without sampling: nothing reads ids
         yield
         return
     holder.push(ids)

@@ -136,11 +136,11 @@ class _Router:
 
 
 def install(model: nn.Module, config, summary) -> bool:
-    """Route the model's F.scaled_dot_product_attention calls (config.attention must be on)."""
+    """Route the model's F.scaled_dot_product_attention calls (config.attention must not be None)."""
     if hasattr(model, ROUTER):
         return True
     setattr(model, ROUTER, _Router(model, AttentionOptions.from_config(config)))
-    mode = f"qkv {config.qkv_bits or 'full'}, path {config.attention_path}"
+    mode = f"qkv {config.attention.qkv_bits or 'full'}, path {config.attention.path}"
     mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
     for name in mha:
         summary.patched.append((name, "attention", mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))

@@ -146,7 +146,7 @@ def test_regional_compile_does_not_recompile_when_the_frozen_set_changes():
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 32), nn.LayerNorm(32),
                           nn.Linear(32, 4))
     # attention off: a torch-only model would get the F.scaled_dot_product_attention router
-    slimfit.patch(model, SlimFitConfig.paper().replace(attention=False, qkv_bits=None, attn_probs="full"))
+    slimfit.patch(model, SlimFitConfig.paper().replace(attention=None))
     slimfit.compile(model, backend="aot_eager")
     x = torch.randn(8, 16)
     linears = [model[0], model[3], model[5]]

@@ -46,7 +46,7 @@ CONFIGS = {
 }
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:slimfit. linear_sampling runs without")
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:slimfit. sampling .SlimFitConfig.sampling. runs without")
 @pytest.mark.parametrize("preset", list(CONFIGS))
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_checkpointing_gives_the_gradients_of_the_plain_run(preset, reentrant):

@@ -16,8 +16,8 @@ from .tiny_models import build  # noqa: E402
 def test_compiled_patched_bert_trains_like_eager():
     model, inputs = build("bert")
     model.eval()  # no dropout: eager and compiled runs see the same computation
-    eager = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attn_probs="int8"))
-    compiled_src = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attn_probs="int8"))
+    eager = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().with_attention(probs="int8"))
+    compiled_src = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().with_attention(probs="int8"))
     compiled = torch.compile(compiled_src)
     losses = {}
     for name, m, params in (("eager", eager, eager.parameters()), ("compiled", compiled, compiled_src.parameters())):

@@ -7,7 +7,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import slimfit  # noqa: E402
-from slimfit import SlimFitConfig  # noqa: E402
+from slimfit import AttentionSaving, SlimFitConfig  # noqa: E402
 
 from .tiny_models import FAMILIES, build  # noqa: E402
 
@@ -53,7 +53,7 @@ def test_exact_preset_gives_identical_gradients(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_paper_preset_gradients_close(family):
     model, inputs = build(family)
-    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().replace(attn_probs="int8"))
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.paper().with_attention(probs="int8"))
     model.eval(), patched.eval()
     model(**inputs).loss.backward()
     patched(**inputs).loss.backward()
@@ -120,9 +120,9 @@ def test_to_half_and_train_eval_after_patch():
 def test_config_errors():
     with pytest.raises(ValueError, match="gelu_bits"):
         SlimFitConfig(gelu_bits=3)
-    with pytest.raises(ValueError, match="attn_probs"):
-        SlimFitConfig(attention=True, attn_probs="int3")
-    with pytest.raises(ValueError, match="attention=True"):
+    with pytest.raises(ValueError, match="AttentionSaving.probs"):
+        SlimFitConfig(attention=AttentionSaving(probs="int3"))
+    with pytest.raises(TypeError, match="attention.qkv_bits"):
         SlimFitConfig(qkv_bits=8)
     with pytest.raises(ValueError, match="keep_ratio"):
         SlimFitConfig(layernorm_keep_ratio=0)

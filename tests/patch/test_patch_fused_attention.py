@@ -101,8 +101,8 @@ def test_tiny_llama_paper_loss_exact_and_gradients_close(pad, monkeypatch):
 def test_sliding_window_mask_takes_the_fused_path(monkeypatch):
     model, inputs = tiny_decoder("mistral", seq=40, pad=False, sliding_window=8)
     loss_ref, g_ref = grads_of(model, inputs)
-    slimfit.patch(model, SlimFitConfig.paper().replace(qkv_bits=None, silu_bits=None, ffn_out_input_bits=None,
-                                                       layernorm_frozen="full"))
+    slimfit.patch(model, SlimFitConfig.paper().with_attention(qkv_bits=None).replace(
+        silu_bits=None, ffn_out_input_bits=None, layernorm_frozen="full"))
     paths = CountPaths(monkeypatch)
     loss, g = grads_of(model, inputs)
     assert paths.calls["fused"] == 2 and paths.calls["materialize"] == 0
@@ -113,7 +113,7 @@ def test_sliding_window_mask_takes_the_fused_path(monkeypatch):
 
 def test_materialize_option_and_dropout_fallback(monkeypatch):
     model, inputs = tiny_decoder(attention_dropout=0.1)
-    slimfit.patch(model, SlimFitConfig.paper().replace(attention_path="fused"))
+    slimfit.patch(model, SlimFitConfig.paper().with_attention(path="fused"))
     paths = CountPaths(monkeypatch)
     hf_attention._warned_fallback.clear()
     model.train()
@@ -131,7 +131,7 @@ def test_materialize_option_and_dropout_fallback(monkeypatch):
         grads_of(model, inputs)
     assert paths.calls["fused"] == 2
     slimfit.unpatch(model)
-    slimfit.patch(model, SlimFitConfig.paper().replace(attention_path="materialize"))
+    slimfit.patch(model, SlimFitConfig.paper().with_attention(path="materialize"))
     grads_of(model, inputs)
     assert paths.calls == {"fused": 2, "materialize": 6}
 
@@ -151,16 +151,18 @@ def test_auto_rule_by_bytes():
 
 
 def test_config_validates_attention_path():
-    with pytest.raises(ValueError, match="attention_path"):
-        SlimFitConfig.paper().replace(attention_path="flash")
-    assert SlimFitConfig.paper().attention_path == "auto"
+    with pytest.raises(ValueError, match="AttentionSaving.path"):
+        SlimFitConfig.paper().with_attention(path="flash")
+    assert SlimFitConfig.paper().attention.path == "auto"
+    with pytest.raises(TypeError, match="attention_path is now attention.path"):
+        SlimFitConfig.paper().replace(attention_path="fused")
 
 
 @pytest.mark.parametrize("path, expect_large", [("auto", False), ("materialize", True)])
 def test_model_training_step_at_seq_1024_allocates_nothing_s_by_s(path, expect_large):
     s = 1024
     model, inputs = tiny_decoder(seq=s, batch=1, vocab=128, pad=False)
-    slimfit.patch(model, SlimFitConfig.paper().replace(attention_path=path))
+    slimfit.patch(model, SlimFitConfig.paper().with_attention(path=path))
     model.train()
     with LargeAllocations(s * s) as rec:
         model(**inputs).loss.backward()

@@ -134,7 +134,7 @@ def test_a_registered_family_patches_its_modules(toy_family):
 
 def test_a_registered_family_samples_its_targets(toy_family):
     model = ToyModel()
-    summary = slimfit.patch(model, SlimFitConfig.paper().replace(linear_sampling="wta_crs")).slimfit_summary
+    summary = slimfit.patch(model, SlimFitConfig.paper().with_sampling(method="wta_crs")).slimfit_summary
     sampled = sorted(name for name, kind, mode in summary.patched if kind == "linear" and "of rows" in mode)
     assert sampled == ["layers.0.mlp.down_proj", "layers.1.mlp.down_proj"]
     assert getattr(model.layers[0].mlp.down_proj, OPTIONS).sampling.name == "layers.0.mlp.down_proj"

@@ -73,7 +73,7 @@ def test_saved_bytes_per_module_are_byte_exact():
     model, inputs = build("llama")
     model.eval()  # deterministic
     plain = memory.measure(model, **inputs)
-    no_attention = SlimFitConfig.paper().replace(attention=False, qkv_bits=None, attn_probs="full")
+    no_attention = SlimFitConfig.paper().replace(attention=None)
     patched = slimfit.patch(copy.deepcopy(model), no_attention)
     _freeze_all(patched)
     inputs_embeds = patched.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()

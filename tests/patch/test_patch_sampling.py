@@ -1,4 +1,4 @@
-"""WTA-CRS sampled weight gradients through slimfit.patch (config.linear_sampling): targets, sample ids,
+"""WTA-CRS sampled weight gradients through slimfit.patch (config.sampling): targets, sample ids,
 saved bytes, exact input gradients, unbiased weight gradients, training, state_dict, unpatch."""
 import copy
 import math
@@ -10,13 +10,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import slimfit  # noqa: E402
-from slimfit import SlimFitConfig, memory  # noqa: E402
+from slimfit import LinearSampling, SlimFitConfig, memory  # noqa: E402
 from slimfit.autograd import wta_crs as W  # noqa: E402
 from slimfit.patch import norm_caches, sample_ids  # noqa: E402
 
 from .tiny_models import BATCH, SEQ, build  # noqa: E402
 
-SAMPLED = SlimFitConfig.exact().replace(linear_sampling="wta_crs", sample_ratio=0.3)
+SAMPLED = SlimFitConfig.exact().with_sampling(method="wta_crs", ratio=0.3)
 IDS = torch.tensor([5, 17, 2])
 ROWS = BATCH * SEQ
 K = W.num_kept_rows(ROWS, 0.3, 10)  # 11 of 36 rows
@@ -35,29 +35,44 @@ def _sampled_names(summary):
 
 # ------------------------------------------------------------------ config
 @pytest.mark.parametrize("changes, match", [
-    (dict(linear_sampling="wta_crs", sample_ratio=0.0), "sample_ratio must be a number in \\(0, 1\\]"),
-    (dict(linear_sampling="crs", sample_ratio=1.5), "sample_ratio"),
-    (dict(linear_sampling="crs", sample_ratio=float("nan")), "sample_ratio"),
-    (dict(linear_sampling="crs", sample_ratio=True), "sample_ratio"),
-    (dict(linear_sampling="wta_crs", sample_min_rows=0), "sample_min_rows must be an int >= 1"),
-    (dict(linear_sampling="wta_crs", sample_min_rows=2.5), "sample_min_rows"),
-    (dict(linear_sampling="uniform"), "linear_sampling must be one of"),
-    (dict(linear_sampling="wta_crs", sample_targets="qkv"), "sample_targets must be one of"),
-    (dict(linear_sampling="wta_crs", sample_norms="layer"), "sample_norms must be one of"),
-    (dict(sample_ratio=0.5), "sample_ratio only apply with linear_sampling"),
-    (dict(sample_targets="all"), "sample_targets only apply with linear_sampling"),
+    (dict(ratio=0.0), "LinearSampling.ratio must be a number in \\(0, 1\\]"),
+    (dict(method="crs", ratio=1.5), "ratio"),
+    (dict(method="crs", ratio=float("nan")), "ratio"),
+    (dict(method="crs", ratio=True), "ratio"),
+    (dict(min_rows=0), "LinearSampling.min_rows must be an int >= 1"),
+    (dict(min_rows=2.5), "min_rows"),
+    (dict(method="uniform"), "LinearSampling.method must be one of"),
+    (dict(method=None), "LinearSampling.method must be one of"),
+    (dict(targets="qkv"), "LinearSampling.targets must be one of"),
+    (dict(norms="layer"), "LinearSampling.norms must be one of"),
 ])
 def test_config_errors(changes, match):
     with pytest.raises(ValueError, match=match):
-        SlimFitConfig(**changes)
+        LinearSampling(**changes)
+    with pytest.raises(ValueError, match=match):
+        SlimFitConfig.exact().with_sampling(**changes)
+
+
+@pytest.mark.parametrize("old, new", [("linear_sampling", "method"), ("sample_ratio", "ratio"),
+                                      ("sample_min_rows", "min_rows"), ("sample_targets", "targets"),
+                                      ("sample_norms", "norms")])
+def test_old_flat_keywords_name_the_nested_field(old, new):
+    with pytest.raises(TypeError, match=f"{old} is now sampling.{new}.*with_sampling\\({new}=...\\)"):
+        SlimFitConfig(**{old: getattr(LinearSampling(), new)})
+    with pytest.raises(TypeError, match=f"{old} is now sampling.{new}"):
+        SAMPLED.replace(**{old: getattr(LinearSampling(), new)})
 
 
 def test_preset_and_recipe():
     cfg = SlimFitConfig.wta_crs()
-    assert cfg == SlimFitConfig.paper().replace(linear_sampling="wta_crs", sample_ratio=0.3)
+    assert cfg == SlimFitConfig.paper().replace(sampling=LinearSampling(method="wta_crs", ratio=0.3))
+    assert cfg == SlimFitConfig.paper().with_sampling()  # the defaults are the preset's
     assert SlimFitConfig.preset("wta_crs") == cfg
-    SlimFitConfig(linear_sampling="crs", sample_ratio=1.0, sample_min_rows=1, sample_targets="all",
-                  sample_norms="sample")
+    cfg = SlimFitConfig(sampling=LinearSampling(method="crs", ratio=1.0, min_rows=1, targets="all", norms="sample"))
+    assert cfg.with_sampling(ratio=0.5).sampling == LinearSampling("crs", 0.5, 1, "all", "sample")
+    assert cfg.replace(sampling=None) == SlimFitConfig()
+    with pytest.raises(TypeError, match="LinearSampling"):
+        SlimFitConfig(sampling="wta_crs")
 
 
 # ------------------------------------------------------------------ targets
@@ -81,15 +96,15 @@ def test_generic_model_needs_all_targets():
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
     _, summary = slimfit.patch(copy.deepcopy(net), SAMPLED, return_summary=True)
     assert not _sampled_names(summary)
-    assert any(name == "<sampling>" and "sample_targets='all'" in why for name, _, why in summary.skipped)
-    _, summary = slimfit.patch(net, SAMPLED.replace(sample_targets="all"), return_summary=True)
+    assert any(name == "<sampling>" and "targets='all'" in why for name, _, why in summary.skipped)
+    _, summary = slimfit.patch(net, SAMPLED.with_sampling(targets="all"), return_summary=True)
     assert _sampled_names(summary) == ["0", "2"]
 
 
 # ------------------------------------------------------------------ bytes and exact gradients
 def test_saved_bytes_of_a_target_are_k_rows_plus_indices_and_weights():
     """docs/wta_crs.md: k·in·e + 4k (int32 indices) + 4k (fp32 weights); 8-bit rows: q(k·in, 8) + 8k."""
-    model, ref, inputs = _patched("bert", SlimFitConfig.paper().replace(linear_sampling="wta_crs"))
+    model, ref, inputs = _patched("bert", SlimFitConfig.paper().with_sampling(method="wta_crs"))
     model.eval(), ref.eval()
     for n, p in model.named_parameters():  # only the targets of layer 0 train
         p.requires_grad_("layer.0." in n and ("output.dense" in n or "intermediate.dense" in n))

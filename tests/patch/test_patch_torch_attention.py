@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import slimfit
-from slimfit.config import SlimFitConfig
+from slimfit.config import AttentionSaving, SlimFitConfig
 from slimfit.memory import measure
 from slimfit.patch import torch_attention
 
@@ -112,7 +112,7 @@ def test_attention_core_bytes_are_the_fused_formula():
     from slimfit.autograd.fused_attention import quantized_bytes
 
     model = vit_blocks()[:1]
-    cfg = SlimFitConfig(attention=True, qkv_bits=8, attn_probs="int8")
+    cfg = SlimFitConfig(attention=AttentionSaving(qkv_bits=8, probs="int8"))
     slimfit.patch(model, cfg)
     q = torch.randn(2, 4, 40, 16, requires_grad=True)
     from slimfit.memory import saved_bytes

@@ -258,7 +258,7 @@ PATCH_CASES = [
     ("config-bits", lambda: SlimFitConfig(gelu_bits=5), (ValueError, "gelu_bits")),
     ("config-bits-bool", lambda: SlimFitConfig(linear_input_bits=True), (ValueError, "linear_input_bits")),
     ("config-group", lambda: SlimFitConfig(group_size=100), (ValueError, "group_size")),
-    ("config-ratio", lambda: SlimFitConfig(linear_sampling="wta_crs", sample_ratio=0), (ValueError, "sample_ratio")),
+    ("config-ratio", lambda: SlimFitConfig.exact().with_sampling(ratio=0), (ValueError, "LinearSampling.ratio")),
     ("config-unknown-key", lambda: SlimFitConfig.from_dict({"gelu_bit": 4}), (ValueError, "gelu_bit")),
     ("compile-unpatched", lambda: slimfit.compile(_net()), (ValueError, "slimfit.patch")),
     ("memory-meta", lambda: memory.measure(nn.Linear(2, 2, device="meta"), torch.ones(1, 2)), (ValueError, "meta")),

@@ -29,7 +29,7 @@ class Family:
     name: str
     model_types: tuple  # model.config.model_type values of this family (() for class knowledge only)
     ffn_out_suffixes: tuple = ()  # module-name suffixes of the FFN output projection
-    sampled_suffixes: tuple = ()  # module-name suffixes of the linears sampled by linear_sampling
+    sampled_suffixes: tuple = ()  # module-name suffixes of the linears sampled by SlimFitConfig.sampling
     # class names whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)) (SwiGLUMixin)
     swiglu_mlps: tuple = ()
     # class names whose forward is exactly LlamaRMSNorm's: fp32 x * rsqrt(mean(x²) + eps), cast back, times
