@@ -135,9 +135,10 @@ class _AttentionFn(torch.autograd.Function):
         if qkv_bits is None:
             saved_qkv = (q, k, v)
         else:
-            # in memory order: BERT's / ViT's Q/K/V are transposed views of one projection, not copied
-            saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check, storage_order=True)
-                              for x in (q, k, v))
+            # logical order: backward's batched GEMMs want (B·H, S, D) rows, so quantizing a transposed
+            # view in memory order would only move its copy into backward (fused_attention's kernels
+            # take the strided view as it is, so that path quantizes in memory order)
+            saved_qkv = tuple(quantize(x, qkv_bits, group_size, check_finite=check) for x in (q, k, v))
         if probs == "recompute":
             saved_p = None  # rebuilt in backward from Q̃, K̃ and the mask
         elif probs == "full" or p.numel() == 0:

@@ -110,6 +110,33 @@ def test_recompute_is_the_exact_gradient_at_the_dequantized_point(causal):
         assert rel(g, r) < 1e-6
 
 
+def test_transposed_views_quantized_in_memory_order_without_a_copy():
+    """BERT / ViT hand attention (B, S, H, D).transpose(1, 2) views of their projections: the fused
+    path quantizes them as they lie in memory (no contiguous copy in forward), and its gradient is
+    still exactly the gradient at the dequantized point."""
+    g = torch.Generator().manual_seed(5)
+    base = [torch.randn(2, 70, 4, 64, generator=g) for _ in range(3)]   # (B, S, H, D)
+    leaves = [t.requires_grad_() for t in base]
+    q, k, v = (t.transpose(1, 2) for t in leaves)                       # (B, H, S, D) views
+
+    class Copies(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+                self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Copies() as mode:
+        out = fused_attention(q, k, v)
+    assert mode.seen == []
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))   # as run() does
+    deq = [dequantize(quantize(t.detach(), 8, 128)).transpose(1, 2) for t in base]   # groups in memory order
+    _, at_deq = run(sdpa, *deq)
+    for leaf, r in zip(leaves, at_deq):
+        assert rel(leaf.grad.transpose(1, 2), r) < 1e-6
+
+
 @pytest.mark.parametrize("logit_std", [1.0, 3.0, 5.0])
 @pytest.mark.parametrize("shape", [dict(hq=4, hk=4, sq=128, d=64), dict(hq=8, hk=2, sq=200, d=32)])
 def test_8bit_gradient_error_bounded_by_the_format(logit_std, shape):
