@@ -37,9 +37,19 @@ import torch
 from torch import Tensor
 
 from ..kernels.api import quantize, topk_prune
-from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, check_same_dtype,
-                      load, no_autocast, restore, save)
 from ..kernels.reference import apply_keep
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    check_same_dtype,
+    load,
+    no_autocast,
+    restore,
+    save,
+)
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
 __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]

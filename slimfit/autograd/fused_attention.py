@@ -41,8 +41,17 @@ from torch import Tensor
 
 from ..kernels.api import quantize
 from ..kernels.validation import FLOAT_DTYPES
-from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, load, no_autocast,
-                      restore, save)
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    load,
+    no_autocast,
+    restore,
+    save,
+)
 
 __all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes"]
 

@@ -9,14 +9,22 @@ from torch import nn
 
 from ..config import SlimFitConfig
 from . import handlers, hf_attention, torch_attention
+from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
 from .modules import OPTIONS, ORIGINAL_CLASS
 from .options import AttentionOptions
-from .sampling import (NORM_CACHE, SampleIds, install_hooks, install_new_module_check, install_seed_hook, norm_caches,
-                       remove_hooks, sample_ids)
+from .sampling import (
+    NORM_CACHE,
+    SampleIds,
+    install_hooks,
+    install_new_module_check,
+    install_seed_hook,
+    norm_caches,
+    remove_hooks,
+    sample_ids,
+)
 from .summary import PatchSummary
-from .causal_lm import patch_causal_lm, unpatch_causal_lm
 
 MODEL_STATE = "_slimfit_state"
 

@@ -5,14 +5,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    bert_like_hidden,
+    cos_sim,
+    q_bytes,
+    quant_rel_err_theory,
+    rel_err,
+    saved,
+    single_thread,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from slimfit.autograd import gelu, linear
 from slimfit.memory import measure
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    bert_like_hidden, cos_sim, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread,
-)
 
 IN, OUT = 64, 48
 

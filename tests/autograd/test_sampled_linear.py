@@ -6,13 +6,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import bert_like_hidden, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread  # noqa: F401
 
 from slimfit.autograd import wta_crs as W
 from slimfit.autograd.norm_cache import NormCache, as_sample_ids
 from slimfit.autograd.sampled_linear import sampled_linear
 from slimfit.memory import measure
-
-from _grad_utils import bert_like_hidden, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread  # noqa: F401
 
 IN, OUT = 64, 48
 

@@ -7,12 +7,11 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-
-import slimfit
-from slimfit.config import SlimFitConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import slimfit
+from slimfit.config import SlimFitConfig
 from slimfit.patch import hf_attention
 
 

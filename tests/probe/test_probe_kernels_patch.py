@@ -15,8 +15,16 @@ from slimfit import SlimFitConfig, memory
 from slimfit import autograd as sf
 from slimfit.autograd.sampled_linear import sampled_linear
 from slimfit.kernels import (
-    PrunedTensor, QuantizedTensor, dequantize, dropout_mask, pack_bits, quantize, seeded_dropout, topk_prune,
-    topk_restore, unpack_bits,
+    PrunedTensor,
+    QuantizedTensor,
+    dequantize,
+    dropout_mask,
+    pack_bits,
+    quantize,
+    seeded_dropout,
+    topk_prune,
+    topk_restore,
+    unpack_bits,
 )
 
 NAN, INF = float("nan"), float("inf")
