@@ -170,7 +170,7 @@ def test_bytes_saved(shape, bias):
     assert saved(lambda x: linear(x, frozen, b), x) == 0
     assert saved(lambda x: linear(x, trainable, b), x) == n * 4
     for bits in (8, 4, 2):
-        assert saved(lambda x: linear(x, trainable, b, input_bits=bits), x) == q_bytes(n, bits)
+        assert saved(lambda x, bits=bits: linear(x, trainable, b, input_bits=bits), x) == q_bytes(n, bits)
     assert saved(lambda x: linear(x, trainable, b, input_bits=4, group_size=64), x) == q_bytes(n, 4, 64)
     # (PyTorch's own autograd also skips saving the input of a frozen fp32 linear; the
     # difference shows under autocast, see test_frozen_path_under_autocast_saves_nothing)
