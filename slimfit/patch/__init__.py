@@ -221,7 +221,7 @@ def unpatch(model: nn.Module) -> nn.Module:
             _set_attn_implementation(module, reverse[cfg._attn_implementation])
     unpatch_causal_lm(model)
     if not found:
-        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
+        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do", stacklevel=2)
     return model
 
 

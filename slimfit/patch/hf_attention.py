@@ -105,7 +105,10 @@ def _make(original: str):
         seeded = opts is not None and module.training and dropout > 0.0
         if opts is None or not (needs_grad or seeded) or unsupported:
             if opts is None and needs_grad and not _warned_unpatched:
-                warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention")
+                # stacklevel=1: the caller is transformers' attention forward, not the user's code;
+                # the message names the module
+                warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention",
+                              stacklevel=1)
                 _warned_unpatched = True
             fn = _original_function(original, module)
             return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -126,7 +129,8 @@ def _make(original: str):
             return out.transpose(1, 2).contiguous(), None
         if opts.path == "fused" and why not in _warned_fallback:
             warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
-                          "materializing path (P saved compressed, dropout replayed from a seed)")
+                          "materializing path (P saved compressed, dropout replayed from a seed)",
+                          stacklevel=1)  # as above: the caller is transformers' attention forward
             _warned_fallback.add(why)
         groups = getattr(module, "num_key_value_groups", 1)
         if groups > 1:

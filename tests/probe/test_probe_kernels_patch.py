@@ -16,7 +16,6 @@ from slimfit import autograd as sf
 from slimfit.autograd.sampled_linear import sampled_linear
 from slimfit.kernels import (
     PrunedTensor,
-    QuantizedTensor,
     dequantize,
     dropout_mask,
     pack_bits,
