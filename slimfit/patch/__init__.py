@@ -159,7 +159,8 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
     current = getattr(hf_config, "_attn_implementation", None)
     if current not in hf_attention.IMPLEMENTATIONS:
         summary.skipped.append(("<attention>", type(model).__name__,
-                                f"attention implementation {current!r} is not sdpa/eager (or not a transformers model)"))
+                                f"attention implementation {current!r} is not sdpa/eager "
+                                "(or not a transformers model)"))
         return None
     hf_attention.register()
     options = AttentionOptions.from_config(config)

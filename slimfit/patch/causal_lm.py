@@ -62,7 +62,8 @@ def _why_not(model: nn.Module) -> str | None:
             return f"config.{key} transforms the logits: the model's own head and loss are kept"
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
-        return f"output embeddings are {type(head).__name__}, not a linear layer: the model's own head and loss are kept"
+        return (f"output embeddings are {type(head).__name__}, not a linear layer: "
+                "the model's own head and loss are kept")
     if head.weight.shape[0] != getattr(cfg, "vocab_size", head.weight.shape[0]):
         return "head rows differ from config.vocab_size: the model's own head and loss are kept"
     if model.loss_function is not _hf_causal_lm_loss():

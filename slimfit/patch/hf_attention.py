@@ -70,7 +70,8 @@ def _saved_bytes(path: str, opts: AttentionOptions | dict, query, key, value) ->
     return total + quantized_bytes(n_p, 8 if probs == "int8" else 4, g)
 
 
-def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_p: float, is_causal: bool) -> tuple[str, str]:
+def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_p: float,
+                is_causal: bool) -> tuple[str, str]:
     """(path, why) for one call. 'auto' takes the fused path whenever PyTorch has a fused kernel
     for the inputs and it keeps no more bytes than the materializing path (with the default
     recompute backward it keeps only Q/K/V, so it always does); 'fused' takes it whenever a

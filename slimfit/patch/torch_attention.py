@@ -143,7 +143,8 @@ def install(model: nn.Module, config, summary) -> bool:
     mode = f"qkv {config.attention.qkv_bits or 'full'}, path {config.attention.path}"
     mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
     for name in mha:
-        summary.patched.append((name, "attention", mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))
+        summary.patched.append((name, "attention",
+                                mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))
     summary.patched.append(("<sdpa>", "attention", mode + ": every F.scaled_dot_product_attention call in forward"))
     return True
 
