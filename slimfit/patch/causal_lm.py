@@ -108,8 +108,8 @@ def _chunked_forward(self, *args, **kwargs):
                           num_items_in_batch=extra.get("num_items_in_batch"),
                           chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"])
     out_cls = _output_class(type(self))
-    fields = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(out_cls)
-              if f.name not in ("loss", "logits")}
+    fields = {field.name: getattr(outputs, field.name, None) for field in dataclasses.fields(out_cls)
+              if field.name not in ("loss", "logits")}
     out = out_cls(loss=loss, logits=None, **fields)
     return out if return_dict else out.to_tuple()
 
