@@ -157,7 +157,8 @@ def _extensions():
                 )
                 cuda_home = None
             else:
-                print(f"slimfit: CUDA toolkit {cuda_home} (nvcc {nvcc_ver}), torch {torch.__version__} (CUDA {torch.version.cuda})")
+                print(f"slimfit: CUDA toolkit {cuda_home} (nvcc {nvcc_ver}), "
+                      f"torch {torch.__version__} (CUDA {torch.version.cuda})")
     if cuda_home is not None:
         # Before importing cpp_extension: it reads CUDA_HOME once, at import.
         os.environ["CUDA_HOME"] = cuda_home
@@ -171,7 +172,8 @@ def _extensions():
         cpp_extension.CUDA_HOME = cuda_home  # in case cpp_extension was imported earlier
         if os.environ.get("TORCH_CUDA_ARCH_LIST") or not torch.cuda.is_available():
             os.environ["TORCH_CUDA_ARCH_LIST"] = _cuda_arch_list()
-        print(f"slimfit: compiling CUDA sources for TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '(visible GPUs)+PTX')}")
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "(visible GPUs)+PTX")
+        print(f"slimfit: compiling CUDA sources for TORCH_CUDA_ARCH_LIST={arch_list}")
         pip_includes = []
         for d in _nvidia_pip_include_dirs():
             pip_includes += ["-isystem", d]

@@ -1,6 +1,7 @@
 """slimfit: fine-tune transformers in far less accelerator memory."""
 from . import kernels
 from .config import AttentionSaving, LinearSampling, SlimFitConfig
+
 # The functions shadow the subpackage name slimfit.patch on purpose (import its
 # modules as `slimfit.patch.<module>` or via sys.modules).
 from .patch import patch, unpatch

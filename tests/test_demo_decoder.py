@@ -39,7 +39,7 @@ def test_train_batch_scores_the_answer_only_and_fits_max_length():
     enc = PromptEncoder(ByteTokenizer(), max_length=64)
     batch = enc.train_batch([("x " * 500, 1), ("short", 0)])
     assert batch["input_ids"].shape[1] <= 64
-    for row, (text, y) in enumerate([("x " * 500, 1), ("short", 0)]):
+    for row, (_text, y) in enumerate([("x " * 500, 1), ("short", 0)]):
         answer = enc.answers[y]
         labels = batch["labels"][row]
         scored = labels[labels != -100].tolist()

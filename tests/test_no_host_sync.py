@@ -25,6 +25,7 @@ import traceback
 
 import pytest
 import torch
+from patch.tiny_models import build
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -32,8 +33,6 @@ from torch.utils.weak import WeakTensorKeyDictionary
 import slimfit
 from slimfit import SlimFitConfig
 from slimfit.kernels import _ops, reference
-
-from patch.tiny_models import build
 
 transformers = pytest.importorskip("transformers")
 

@@ -27,5 +27,6 @@ from .matmul import matmul
 from .rmsnorm import rms_norm
 from .silu import silu, swiglu
 
-__all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm", "silu", "swiglu"]
+__all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
+           "silu", "swiglu"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]

@@ -37,9 +37,19 @@ import torch
 from torch import Tensor
 
 from ..kernels.api import quantize, topk_prune
-from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, check_same_dtype,
-                      load, no_autocast, restore, save)
 from ..kernels.reference import apply_keep
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    check_same_dtype,
+    load,
+    no_autocast,
+    restore,
+    save,
+)
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
 __all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
@@ -91,8 +101,8 @@ def _bmm(a: Tensor, b: Tensor) -> Tensor:
 def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
     """P = softmax(q·kᵀ·scale + mask) in fp32. A row whose keys are all masked gives zeros
     (as PyTorch's scaled_dot_product_attention), not NaN."""
-    mdt = _math_dtype(q.dtype, q.device.type)
-    scores = _bmm(q.to(mdt), k.to(mdt).transpose(-2, -1)) * scale
+    math_dtype = _math_dtype(q.dtype, q.device.type)
+    scores = _bmm(q.to(math_dtype), k.to(math_dtype).transpose(-2, -1)) * scale
     # A fresh tensor either way (the cast is a no-op for fp32), so masking may work in place.
     scores = _masked_scores(scores.to(torch.float32), attn_mask, is_causal)
     p = torch.softmax(scores, dim=-1)
@@ -105,14 +115,14 @@ def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_c
 def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -> Tensor:
     """dropout(P)·V (or P·dropout(V)) in the math dtype, returned in v's dtype. `seed`: None (no
     dropout), an int, or a 0-dim tensor (torch.compile: drawn in the graph, no recompile per step)."""
-    mdt = _math_dtype(v.dtype, v.device.type)
-    p, vm = p32.to(mdt), v.to(mdt)
+    math_dtype = _math_dtype(v.dtype, v.device.type)
+    p, v_math = p32.to(math_dtype), v.to(math_dtype)
     if seed is None:
-        out = _bmm(p, vm)
+        out = _bmm(p, v_math)
     elif dropout_mode == "seed":
-        out = _bmm(apply_seeded_dropout(p, dropout_p, seed), vm)
+        out = _bmm(apply_seeded_dropout(p, dropout_p, seed), v_math)
     else:  # on_v
-        out = _bmm(p, apply_seeded_dropout(vm, dropout_p, seed))
+        out = _bmm(p, apply_seeded_dropout(v_math, dropout_p, seed))
     return out.to(v.dtype)
 
 
@@ -122,11 +132,11 @@ class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, dropout_mode,
                 qkv_bits, probs, keep_ratio, group_size, check_finite=False):
-        cdt = q.dtype
+        compute_dtype = q.dtype
         seed = draw_seed() if dropout_p > 0.0 else None
         p32 = _probs(q, k, scale, attn_mask, is_causal)
         out = _output(p32, v, dropout_p, dropout_mode, seed)
-        p = p32.to(cdt)  # P is stored in the input dtype (no copy for fp32)
+        p = p32.to(compute_dtype)  # P is stored in the input dtype (no copy for fp32)
 
         # ---- what backward keeps: Q, K, V (quantized unless qkv_bits is None), compressed P
         # The NaN/Inf checks of the primitives read a value back to the host: a graph break
@@ -154,7 +164,7 @@ class _AttentionFn(torch.autograd.Function):
         saved_mask = attn_mask if probs == "recompute" else None
         save(ctx, *saved_qkv, saved_p, seed_tensor, saved_mask)
 
-        ctx.cdt = cdt
+        ctx.compute_dtype = compute_dtype
         ctx.scale = scale
         ctx.is_causal = is_causal
         ctx.seed = None if seed_tensor is not None else seed
@@ -176,35 +186,35 @@ class _AttentionFn(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out):
-        cdt = ctx.cdt
-        mdt = _math_dtype(cdt, ctx.device_type)
-        sq, sk, sv, sp, seed_tensor, mask = load(ctx)
-        q = restore(sq, mdt)
-        k = restore(sk, mdt)
-        v = restore(sv, mdt)
-        if sp is None:  # 'recompute': P̃ of the dequantized point, consistent with Q̃, K̃
+        compute_dtype = ctx.compute_dtype
+        math_dtype = _math_dtype(compute_dtype, ctx.device_type)
+        saved_q, saved_k, saved_v, saved_p, seed_tensor, mask = load(ctx)
+        q = restore(saved_q, math_dtype)
+        k = restore(saved_k, math_dtype)
+        v = restore(saved_v, math_dtype)
+        if saved_p is None:  # 'recompute': P̃ of the dequantized point, consistent with Q̃, K̃
             p32 = _probs(q, k, ctx.scale, mask, ctx.is_causal)
         else:
-            p32 = restore(sp, torch.float32)  # no copy when P was saved in fp32
-        del sq, sk, sv, sp, mask
-        p = p32.to(mdt)
-        go = grad_out.to(mdt)
+            p32 = restore(saved_p, torch.float32)  # no copy when P was saved in fp32
+        del saved_q, saved_k, saved_v, saved_p, mask
+        p = p32.to(math_dtype)
+        grad_out = grad_out.to(math_dtype)
 
         seed = seed_tensor if seed_tensor is not None else ctx.seed
-        dp, mode = ctx.dropout_p, ctx.dropout_mode
+        dropout_p, mode = ctx.dropout_p, ctx.dropout_mode
         if seed is not None and mode == "seed":  # the mask is regenerated once, used twice
-            keep = keep_mask(p, dp, seed)
-            grad_v = _bmm(apply_keep(p, keep, dp).transpose(-2, -1), go)
-            grad_p = apply_keep(_bmm(go, v.transpose(-2, -1)), keep, dp)
+            keep = keep_mask(p, dropout_p, seed)
+            grad_v = _bmm(apply_keep(p, keep, dropout_p).transpose(-2, -1), grad_out)
+            grad_p = apply_keep(_bmm(grad_out, v.transpose(-2, -1)), keep, dropout_p)
             del keep
         elif seed is not None:  # on_v: O = P·D(V)
-            keep = keep_mask(v, dp, seed)
-            grad_v = apply_keep(_bmm(p.transpose(-2, -1), go), keep, dp)
-            grad_p = _bmm(go, apply_keep(v, keep, dp).transpose(-2, -1))
+            keep = keep_mask(v, dropout_p, seed)
+            grad_v = apply_keep(_bmm(p.transpose(-2, -1), grad_out), keep, dropout_p)
+            grad_p = _bmm(grad_out, apply_keep(v, keep, dropout_p).transpose(-2, -1))
             del keep
         else:
-            grad_v = _bmm(p.transpose(-2, -1), go)
-            grad_p = _bmm(go, v.transpose(-2, -1))
+            grad_v = _bmm(p.transpose(-2, -1), grad_out)
+            grad_p = _bmm(grad_out, v.transpose(-2, -1))
         del v, p
 
         # softmax backward in fp32 (no-op casts for fp32 inputs): dS = P∘(dP − rowsum(dP∘P)),
@@ -216,14 +226,14 @@ class _AttentionFn(torch.autograd.Function):
         if ctx.mask_shape is not None and ctx.needs_input_grad[3]:
             grad_mask = grad_s.sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
 
-        gs = (grad_s * ctx.scale).to(mdt)
+        grad_s_scaled = (grad_s * ctx.scale).to(math_dtype)
         del grad_s
-        grad_q = _bmm(gs, k).to(cdt) if ctx.needs_input_grad[0] else None
+        grad_q = _bmm(grad_s_scaled, k).to(compute_dtype) if ctx.needs_input_grad[0] else None
         # dK = dSᵀ·Q computed as (Qᵀ·dS)ᵀ: the same GEMM autograd runs for q @ k.mT.
         grad_k = None
         if ctx.needs_input_grad[1]:
-            grad_k = _bmm(q.transpose(-2, -1), gs).transpose(-2, -1).to(cdt)
-        grad_v = grad_v.to(cdt) if ctx.needs_input_grad[2] else None
+            grad_k = _bmm(q.transpose(-2, -1), grad_s_scaled).transpose(-2, -1).to(compute_dtype)
+        grad_v = grad_v.to(compute_dtype) if ctx.needs_input_grad[2] else None
         return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 9
 
 
@@ -331,13 +341,13 @@ def attention(
     Under torch.autocast, q, k, v (and a float mask) are cast to the autocast dtype and the
     output has that dtype, as scaled_dot_product_attention.
     """
-    adt = autocast_dtype(q.device.type) if isinstance(q, Tensor) else None
+    amp_dtype = autocast_dtype(q.device.type) if isinstance(q, Tensor) else None
     _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
-           dropout_mode, scale, adt is not None)
-    if adt is not None:
-        q, k, v = q.to(adt), k.to(adt), v.to(adt)
-    if adt is not None and attn_mask is not None and attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(adt)
+           dropout_mode, scale, amp_dtype is not None)
+    if amp_dtype is not None:
+        q, k, v = q.to(amp_dtype), k.to(amp_dtype), v.to(amp_dtype)
+    if amp_dtype is not None and attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(amp_dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     p_drop = float(dropout_p) if training else 0.0

@@ -94,7 +94,8 @@ def conv(
     check_float("conv", "bias", bias)
     n = weight.dim() - 2
     if n not in _CONV:
-        raise ValueError(f"slimfit.conv: weight must be 3-, 4- or 5-D (a 1/2/3-d convolution), got {tuple(weight.shape)}")
+        raise ValueError(f"slimfit.conv: weight must be 3-, 4- or 5-D (a 1/2/3-d convolution), "
+                         f"got {tuple(weight.shape)}")
     stride, padding, dilation = (_tuple(v, n, name) for v, name in
                                  ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
     needs_graph = torch.is_grad_enabled() and (

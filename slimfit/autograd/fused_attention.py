@@ -41,8 +41,17 @@ from torch import Tensor
 
 from ..kernels.api import quantize
 from ..kernels.validation import FLOAT_DTYPES
-from ._common import (autocast_dtype, backward_once, check_bits, check_float, check_group_size, load, no_autocast,
-                      restore, save)
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    load,
+    no_autocast,
+    restore,
+    save,
+)
 
 __all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes"]
 
@@ -100,9 +109,9 @@ def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], d
             if params is not None and cuda.can_use_flash_attention(params, False):
                 return "cuda_flash"
         # The efficient kernel has no grouped-query support: it gets K/V expanded transiently.
-        ke, ve = (_expand_kv(k, hq), _expand_kv(v, hq)) if gqa else (k, v)
+        k_expanded, v_expanded = (_expand_kv(k, hq), _expand_kv(v, hq)) if gqa else (k, v)
         mask = _additive_mask(attn_mask, q.dtype)
-        params = _cuda_params(q, ke, ve, mask, dropout_p, is_causal, False)
+        params = _cuda_params(q, k_expanded, v_expanded, mask, dropout_p, is_causal, False)
         if params is not None and cuda.can_use_efficient_attention(params, False):
             return "cuda_efficient"
     return None
@@ -142,8 +151,9 @@ def _efficient_bias(mask: Optional[Tensor], q: Tensor, k: Tensor) -> Optional[Te
         return None
     aligned = mask.stride(-1) == 1 and all(mask.stride(i) % _MEM_EFF_ALIGNMENT == 0 for i in range(mask.dim() - 1))
     if not aligned:
-        n = mask.shape[-1]
-        mask = torch.nn.functional.pad(mask, (0, _MEM_EFF_ALIGNMENT - n % _MEM_EFF_ALIGNMENT))[..., :n]
+        row_length = mask.shape[-1]
+        padding = _MEM_EFF_ALIGNMENT - row_length % _MEM_EFF_ALIGNMENT
+        mask = torch.nn.functional.pad(mask, (0, padding))[..., :row_length]
     return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
@@ -162,35 +172,35 @@ def _forward_op(kernel, q, k, v, mask, dropout_p, is_causal, scale):
         return out, lse, {"cum_q": cum_q, "cum_k": cum_k, "max_q": max_q, "max_k": max_k,
                           "philox_seed": seed, "philox_offset": offset}
     hq = q.shape[1]
-    ke, ve = (_expand_kv(k, hq), _expand_kv(v, hq)) if k.shape[1] != hq else (k, v)
-    bias = _efficient_bias(_additive_mask(mask, q.dtype), q, ke)
+    k_expanded, v_expanded = (_expand_kv(k, hq), _expand_kv(v, hq)) if k.shape[1] != hq else (k, v)
+    bias = _efficient_bias(_additive_mask(mask, q.dtype), q, k_expanded)
     out, lse, seed, offset = _aten._scaled_dot_product_efficient_attention(
-        q, ke, ve, bias, True, dropout_p, is_causal, scale=scale)
+        q, k_expanded, v_expanded, bias, True, dropout_p, is_causal, scale=scale)
     return out, lse, {"philox_seed": seed, "philox_offset": offset}
 
 
 def _backward_op(kernel, grad_out, q, k, v, out, lse, extras, mask, dropout_p, is_causal, scale, needs):
     hk = k.shape[1]
     if kernel == "cpu_flash":
-        gq, gk, gv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_q, grad_k, grad_v = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, dropout_p, is_causal,
             attn_mask=_additive_mask(mask, q.dtype), scale=scale)
     elif kernel == "cuda_flash":
-        gq, gk, gv = _aten._scaled_dot_product_flash_attention_backward(
+        grad_q, grad_k, grad_v = _aten._scaled_dot_product_flash_attention_backward(
             grad_out.contiguous(), q, k, v, out, lse, extras["cum_q"], extras["cum_k"],
             extras["max_q"], extras["max_k"], dropout_p, is_causal,
             extras["philox_seed"], extras["philox_offset"], scale=scale)
     else:
         hq = q.shape[1]
-        ke, ve = (_expand_kv(k, hq), _expand_kv(v, hq)) if hk != hq else (k, v)
-        bias = _efficient_bias(_additive_mask(mask, q.dtype), q, ke)
-        gq, gk, gv, _ = _aten._scaled_dot_product_efficient_attention_backward(
-            grad_out.contiguous(), q, ke, ve, bias, out, lse, extras["philox_seed"],
+        k_expanded, v_expanded = (_expand_kv(k, hq), _expand_kv(v, hq)) if hk != hq else (k, v)
+        bias = _efficient_bias(_additive_mask(mask, q.dtype), q, k_expanded)
+        grad_q, grad_k, grad_v, _ = _aten._scaled_dot_product_efficient_attention_backward(
+            grad_out.contiguous(), q, k_expanded, v_expanded, bias, out, lse, extras["philox_seed"],
             extras["philox_offset"], dropout_p, [needs[0], needs[1], needs[2], False], is_causal,
             scale=scale)
-    gk = None if gk is None else _reduce_groups(gk, hk)
-    gv = None if gv is None else _reduce_groups(gv, hk)
-    return gq, gk, gv
+    grad_k = None if grad_k is None else _reduce_groups(grad_k, hk)
+    grad_v = None if grad_v is None else _reduce_groups(grad_v, hk)
+    return grad_q, grad_k, grad_v
 
 
 # ------------------------------------------------------------------ autograd function
@@ -213,7 +223,7 @@ class _FusedAttentionFn(torch.autograd.Function):
         saved += [attn_mask, out if keep_forward else None, lse if keep_forward else None]
         saved += [extras.get(name) for name in _EXTRA_TENSORS]
         save(ctx, *saved)
-        ctx.ints = (extras.get("max_q"), extras.get("max_k"))
+        ctx.max_seqlens = (extras.get("max_q"), extras.get("max_k"))
         ctx.kernel, ctx.scale, ctx.is_causal, ctx.dropout_p = kernel, scale, is_causal, dropout_p
         ctx.device_type, ctx.dtype = q.device.type, q.dtype
         return out
@@ -222,20 +232,20 @@ class _FusedAttentionFn(torch.autograd.Function):
     @backward_once("fused_attention")
     def backward(ctx, grad_out):
         with no_autocast(ctx.device_type):
-            sq, sk, sv, mask, out, lse, *rest = load(ctx)
+            saved_q, saved_k, saved_v, mask, out, lse, *rest = load(ctx)
             dtype = ctx.dtype
             grad_out = grad_out.to(dtype)
-            q, k, v = restore(sq, dtype), restore(sk, dtype), restore(sv, dtype)
-            del sq, sk, sv
+            q, k, v = restore(saved_q, dtype), restore(saved_k, dtype), restore(saved_v, dtype)
+            del saved_q, saved_k, saved_v
             extras = dict(zip(_EXTRA_TENSORS, rest))
-            extras["max_q"], extras["max_k"] = ctx.ints
+            extras["max_q"], extras["max_k"] = ctx.max_seqlens
             if out is None:  # 'recompute': O and lse of the dequantized point, consistent with P̃
                 out, lse, fresh = _forward_op(ctx.kernel, q, k, v, mask, 0.0, ctx.is_causal, ctx.scale)
                 extras.update(fresh)
-            gq, gk, gv = _backward_op(ctx.kernel, grad_out, q, k, v, out, lse, extras, mask, ctx.dropout_p,
-                                      ctx.is_causal, ctx.scale, ctx.needs_input_grad[:3])
+            grad_q, grad_k, grad_v = _backward_op(ctx.kernel, grad_out, q, k, v, out, lse, extras, mask,
+                                                  ctx.dropout_p, ctx.is_causal, ctx.scale, ctx.needs_input_grad[:3])
         needs = ctx.needs_input_grad
-        return (gq if needs[0] else None, gk if needs[1] else None, gv if needs[2] else None) + (None,) * 9
+        return (grad_q if needs[0] else None, grad_k if needs[1] else None, grad_v if needs[2] else None) + (None,) * 9
 
 
 # ------------------------------------------------------------------ public entry
@@ -292,9 +302,9 @@ def fused_attention(
     attention dropout on the CPU): use slimfit.autograd.attention there.
     """
     _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale)
-    adt = autocast_dtype(q.device.type)
-    if adt is not None:
-        q, k, v = q.to(adt), k.to(adt), v.to(adt)
+    amp_dtype = autocast_dtype(q.device.type)
+    if amp_dtype is not None:
+        q, k, v = q.to(amp_dtype), k.to(amp_dtype), v.to(amp_dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     p_drop = float(dropout_p) if training else 0.0

@@ -19,8 +19,17 @@ import torch.nn.functional as F
 
 from ._common import (
     NORM_SAVES,
-    autocast_dtype, backward_once, cast, check_float, check_group_size, compress_quantize,
-    compress_topk, load, no_autocast, restore, save,
+    autocast_dtype,
+    backward_once,
+    cast,
+    check_float,
+    check_group_size,
+    compress_quantize,
+    compress_topk,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 
 __all__ = ["layer_norm", "topk_keep"]

@@ -14,8 +14,18 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (
-    autocast_dtype, backward_once, cast, check_bits, check_float, check_group_size,
-    check_same_dtype, compress_quantize, load, no_autocast, restore, save,
+    autocast_dtype,
+    backward_once,
+    cast,
+    check_bits,
+    check_float,
+    check_group_size,
+    check_same_dtype,
+    compress_quantize,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 
 __all__ = ["linear"]

@@ -10,8 +10,17 @@ from __future__ import annotations
 import torch
 
 from ._common import (
-    autocast_dtype, backward_once, check_bits, check_float, check_group_size, check_same_dtype,
-    compress_quantize, load, no_autocast, restore, save,
+    autocast_dtype,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    check_same_dtype,
+    compress_quantize,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 
 __all__ = ["matmul"]

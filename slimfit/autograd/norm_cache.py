@@ -103,7 +103,10 @@ class NormCache:
     # ------------------------------------------------------------ read / write
     def lookup(self, ids: torch.Tensor, length: int, device: torch.device | str | None = None) -> torch.Tensor:
         """(B, length) fp32 stale norms for ids (B,), NaN where unknown."""
-        device = torch.device(device) if device is not None else (self._table.device if self._table is not None else torch.device("cpu"))
+        if device is not None:
+            device = torch.device(device)
+        else:
+            device = self._table.device if self._table is not None else torch.device("cpu")
         b = ids.numel()
         out = torch.full((b, length), float("nan"), dtype=torch.float32, device=device)
         if self._table is None or b == 0 or length == 0:
@@ -130,7 +133,10 @@ class NormCache:
             return
         values = norms.detach().float()
         if not self.per_token:
-            values = values.mean(dim=1, keepdim=True) if values.shape[1] else values.new_full((values.shape[0], 1), float("nan"))
+            if values.shape[1]:
+                values = values.mean(dim=1, keepdim=True)
+            else:
+                values = values.new_full((values.shape[0], 1), float("nan"))
         length = values.shape[1]
         device = self.device or (self._table.device if self._table is not None else values.device)
         self._grow(int(ids.max()) + 1, max(length, 1), device)

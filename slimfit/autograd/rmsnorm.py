@@ -20,8 +20,15 @@ import torch
 
 from ._common import (
     NORM_SAVES,
-    backward_once, check_float, check_group_size, compress_quantize, compress_topk, load, no_autocast,
-    restore, save,
+    backward_once,
+    check_float,
+    check_group_size,
+    compress_quantize,
+    compress_topk,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 from .layernorm import topk_keep
 

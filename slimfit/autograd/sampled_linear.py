@@ -27,8 +27,18 @@ import torch.nn.functional as F
 
 from ..kernels.validation import check_seed
 from ._common import (
-    autocast_dtype, backward_once, cast, check_bits, check_float, check_group_size,
-    check_same_dtype, compress_quantize, load, no_autocast, restore, save,
+    autocast_dtype,
+    backward_once,
+    cast,
+    check_bits,
+    check_float,
+    check_group_size,
+    check_same_dtype,
+    compress_quantize,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 from .linear import input_grad, linear, record_linear_meta
 from .norm_cache import NormCache, as_sample_ids

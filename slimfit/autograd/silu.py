@@ -21,8 +21,15 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (
-    backward_once, check_bits, check_float, check_group_size, compress_quantize, load, no_autocast,
-    restore, save,
+    backward_once,
+    check_bits,
+    check_float,
+    check_group_size,
+    compress_quantize,
+    load,
+    no_autocast,
+    restore,
+    save,
 )
 
 __all__ = ["silu", "swiglu"]

@@ -156,7 +156,8 @@ def crs_sample(p: torch.Tensor, k: int, generator: torch.Generator | None = None
     return RowSample(draws, scales.float(), torch.zeros((), dtype=torch.int64, device=p.device))
 
 
-def sample_rows(p: torch.Tensor, k: int, sampler: str = "wta_crs", generator: torch.Generator | None = None) -> RowSample:
+def sample_rows(p: torch.Tensor, k: int, sampler: str = "wta_crs",
+                generator: torch.Generator | None = None) -> RowSample:
     if sampler == "wta_crs":
         return wta_crs_sample(p, k, generator)
     if sampler == "crs":
@@ -201,7 +202,8 @@ def expected_sq_error(x: torch.Tensor, g: torch.Tensor, p: torch.Tensor, k: int,
     return float((resid * (a * a * inv).sum() - (w_rest * w_rest).sum()) / m)
 
 
-def elementwise_variance(x: torch.Tensor, g: torch.Tensor, p: torch.Tensor, k: int, sampler: str = "wta_crs") -> torch.Tensor:
+def elementwise_variance(x: torch.Tensor, g: torch.Tensor, p: torch.Tensor, k: int,
+                         sampler: str = "wta_crs") -> torch.Tensor:
     """Var(dW_hat[a, b]) for every element (float64, out × in):
     (R·Σ_{j∉C} g_ja² x_jb² / pⱼ − (Σ_{j∉C} g_ja x_jb)²) / (k − |C|)."""
     xo, go, inv, _, resid, m = _parts(x, g, p, k, sampler)

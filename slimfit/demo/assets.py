@@ -136,4 +136,5 @@ def load_data(spec: str, seed: int, n_train: int, n_test: int):
         return fortunes(seed, n_train, n_test)
     if spec.startswith("hf:"):
         return hub_dataset(spec[3:], seed, n_train, n_test)
-    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' or 'fortunes' (offline) or 'hf:NAME[:CONFIG]' (hub)")
+    raise ValueError(f"unknown data set {spec!r}: use 'rotten_tomatoes' or 'fortunes' (offline) "
+                     "or 'hf:NAME[:CONFIG]' (hub)")

@@ -75,7 +75,8 @@ class PromptEncoder:
         self.prefix, self.suffix = enc(PROMPT[0].split("{review}")[0]), enc(PROMPT[1])
         self.answers = [enc(a) for a in ANSWERS]
         if any(not a for a in self.answers) or self.answers[0] == self.answers[1]:
-            raise ValueError(f"the tokenizer maps the answers {ANSWERS} to {self.answers}: they must be distinct and non-empty")
+            raise ValueError(f"the tokenizer maps the answers {ANSWERS} to {self.answers}: "
+                             "they must be distinct and non-empty")
         self.budget = self.max_length - len(self.prefix) - len(self.suffix) - max(map(len, self.answers))
         if self.budget < 1:
             raise ValueError(f"--max-length {self.max_length} leaves no room for the review (the prompt and the answer "
@@ -138,7 +139,8 @@ def answer_scores(model, enc: PromptEncoder, examples, device="cpu", single_pass
     return scores
 
 
-def evaluate_decoder(model, enc: PromptEncoder, test, device="cpu", batch_size: int = 16, progress: bool = True) -> float:
+def evaluate_decoder(model, enc: PromptEncoder, test, device="cpu", batch_size: int = 16,
+                     progress: bool = True) -> float:
     from .finetune import _progress
 
     model.eval()
@@ -188,7 +190,8 @@ def run(args, device: str) -> int:
     quiet_transformers()
     try:
         if args.data != "rotten_tomatoes":
-            raise ValueError("--model smollm2 fine-tunes on the offline Rotten Tomatoes snippets (--data rotten_tomatoes)")
+            raise ValueError("--model smollm2 fine-tunes on the offline Rotten Tomatoes snippets "
+                             "(--data rotten_tomatoes)")
         train, test = load_data(args.data, args.seed, args.n_train, args.n_test)
         model, tokenizer = load_smollm2(progress=not args.no_progress)
         PromptEncoder(tokenizer, args.max_length)  # a --max-length too small stops here

@@ -8,9 +8,11 @@ from .assets import MissingAsset, load_data, resolve_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="minilm", help="'minilm' (offline all-MiniLM-L6-v2), 'smollm2' (offline SmolLM2-135M-Instruct, a "
-                   "decoder answering positive/negative) or a hub id / local path")
-    p.add_argument("--data", default="rotten_tomatoes", help="'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]', e.g. hf:imdb or hf:glue:sst2 "
+    p.add_argument("--model", default="minilm",
+                   help="'minilm' (offline all-MiniLM-L6-v2), 'smollm2' (offline SmolLM2-135M-Instruct, a "
+                        "decoder answering positive/negative) or a hub id / local path")
+    p.add_argument("--data", default="rotten_tomatoes",
+                   help="'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]', e.g. hf:imdb or hf:glue:sst2 "
                         "(the `datasets` package, network)")
     # Defaults chosen by the 120-step accuracy runs (bench/results/accuracy_text_cpu.md, 3 seeds): aggressive() at
     # rate 0.7 kept full fine-tuning's accuracy (-0.02 points) at 6.1-6.3x fewer saved bytes, where paper() at 0.9
@@ -53,7 +55,8 @@ def render(results) -> str:
             ("layers frozen (mean)", [f"{100 * r.frozen_share:.0f} %" for r in results]),
             ("loss first -> last 10", [f"{_mean(r.losses[:10]):.3f} -> {_mean(r.losses[-10:]):.3f}" for r in results])]
     if len(results) == 2 and results[0].saved_bytes and results[1].saved_bytes:
-        rows.append(("activation memory ratio", ["1.0x", f"{results[0].saved_bytes / results[1].saved_bytes:.1f}x less"]))
+        ratio = results[0].saved_bytes / results[1].saved_bytes
+        rows.append(("activation memory ratio", ["1.0x", f"{ratio:.1f}x less"]))
     width = max(len(k) for k, _ in rows)
     colw = max(len(c) for _, cells in rows for c in cells) + 2
     return "\n".join(f"{k:<{width}}  " + "".join(f"{c:>{colw}}" for c in cells) for k, cells in rows)

@@ -22,7 +22,8 @@ from .validation import OP_CHECKS, num_groups, packed_code_bytes, topk_index_dty
 
 SCHEMAS = {
     "quantize": "quantize(Tensor x, int bits, int group_size, bool stochastic, int seed) -> (Tensor, Tensor, Tensor)",
-    "dequantize": "dequantize(Tensor codes, Tensor scale, Tensor offset, int bits, int group_size, SymInt[] shape, ScalarType dtype) -> Tensor",
+    "dequantize": "dequantize(Tensor codes, Tensor scale, Tensor offset, int bits, int group_size, SymInt[] shape, "
+                  "ScalarType dtype) -> Tensor",
     "topk_prune": "topk_prune(Tensor x, int k, bool by_magnitude) -> (Tensor, Tensor)",
     "topk_restore": "topk_restore(Tensor values, Tensor indices, int row_length) -> Tensor",
     "pack_bits": "pack_bits(Tensor mask) -> Tensor",

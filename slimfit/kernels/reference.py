@@ -38,7 +38,6 @@ import torch
 from . import rng
 from .validation import codes_per_byte, num_groups, topk_index_dtype
 
-
 _MIN_NORMAL = 2.0**-126  # smallest normal fp32: a smaller scale is a constant group
 
 

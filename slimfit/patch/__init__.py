@@ -9,14 +9,22 @@ from torch import nn
 
 from ..config import SlimFitConfig
 from . import handlers, hf_attention, torch_attention
+from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
 from .modules import OPTIONS, ORIGINAL_CLASS
 from .options import AttentionOptions
-from .sampling import (NORM_CACHE, SampleIds, install_hooks, install_new_module_check, install_seed_hook, norm_caches,
-                       remove_hooks, sample_ids)
+from .sampling import (
+    NORM_CACHE,
+    SampleIds,
+    install_hooks,
+    install_new_module_check,
+    install_seed_hook,
+    norm_caches,
+    remove_hooks,
+    sample_ids,
+)
 from .summary import PatchSummary
-from .causal_lm import patch_causal_lm, unpatch_causal_lm
 
 MODEL_STATE = "_slimfit_state"
 
@@ -100,10 +108,10 @@ def _name_filter(target_modules, exclude_modules):
     exclude = _name_matcher("exclude_modules", exclude_modules)
 
     def keep(name: str) -> str | None:
-        prefixes = [name[:i] for i, c in enumerate(name) if c == "."] + [name]
-        if target is not None and not any(target(p) for p in prefixes):
+        prefixes = [name[:i] for i, char in enumerate(name) if char == "."] + [name]
+        if target is not None and not any(target(prefix) for prefix in prefixes):
             return "not in target_modules"
-        if exclude is not None and any(exclude(p) for p in prefixes):
+        if exclude is not None and any(exclude(prefix) for prefix in prefixes):
             return "in exclude_modules"
         return None
 
@@ -119,9 +127,9 @@ def _name_matcher(arg: str, spec):
         except re.error as exc:
             raise ValueError(f"slimfit.patch: {arg}={spec!r} is not a valid regular expression ({exc})") from None
         return lambda name: pattern.fullmatch(name) is not None
-    if isinstance(spec, (list, tuple, set, frozenset)) and all(isinstance(k, str) and k for k in spec):
+    if isinstance(spec, (list, tuple, set, frozenset)) and all(isinstance(key, str) and key for key in spec):
         keys = tuple(spec)
-        return lambda name: any(name == k or name.endswith("." + k) for k in keys)
+        return lambda name: any(name == key or name.endswith("." + key) for key in keys)
     raise TypeError(f"slimfit.patch: {arg} must be a regular expression (str) or a list of module names, "
                     f"got {spec!r}")
 
@@ -130,17 +138,17 @@ def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:
     """Before (re-)patching: unpatch every patched model inside `model` (itself included) after
     checking it was patched with the same config; returns their NormCaches by module id."""
     # vars(), not getattr: PeftModel forwards unknown attributes to the model it wraps
-    roots = [(name, m) for name, m in model.named_modules() if MODEL_STATE in vars(m)]
-    for name, m in roots:
-        if vars(m)[MODEL_STATE]["config"] != config:
+    roots = [(name, module) for name, module in model.named_modules() if MODEL_STATE in vars(module)]
+    for name, module in roots:
+        if vars(module)[MODEL_STATE]["config"] != config:
             where = f"its submodule {name!r}" if name else "this model"
             raise RuntimeError(f"slimfit.patch: {where} is already patched with another config; call "
                                "slimfit.unpatch(model) first")
-    if not roots and any(ORIGINAL_CLASS in vars(m) for m in model.modules()):
+    if not roots and any(ORIGINAL_CLASS in vars(module) for module in model.modules()):
         raise RuntimeError("slimfit.patch: modules of this model are already patched, by slimfit.patch of a model "
                            "that contains it (or left patched by PEFT's merge_and_unload); call "
                            "slimfit.unpatch(model) first, or patch the containing model")
-    caches = {id(m): vars(m)[NORM_CACHE] for m in model.modules() if NORM_CACHE in vars(m)}
+    caches = {id(module): vars(module)[NORM_CACHE] for module in model.modules() if NORM_CACHE in vars(module)}
     if roots:
         unpatch(model)
     return caches
@@ -151,34 +159,35 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
     current = getattr(hf_config, "_attn_implementation", None)
     if current not in hf_attention.IMPLEMENTATIONS:
         summary.skipped.append(("<attention>", type(model).__name__,
-                                f"attention implementation {current!r} is not sdpa/eager (or not a transformers model)"))
+                                f"attention implementation {current!r} is not sdpa/eager "
+                                "(or not a transformers model)"))
         return None
     hf_attention.register()
     options = AttentionOptions.from_config(config)
-    n = 0
+    n_patched = 0
     for name, module in model.named_modules():
         if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name):
             setattr(module, hf_attention.ATTENTION_OPTIONS, options)
             saving = config.attention
             summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
-            n += 1
-    if n == 0:
+            n_patched += 1
+    if n_patched == 0:
         summary.skipped.append(("<attention>", type(model).__name__, "no attention module found"))
         return None
-    new = hf_attention.IMPLEMENTATIONS[current]
-    _set_attn_implementation(model, new)
-    return new
+    slimfit_impl = hf_attention.IMPLEMENTATIONS[current]
+    _set_attn_implementation(model, slimfit_impl)
+    return slimfit_impl
 
 
 def _set_attn_implementation(model: nn.Module, name: str) -> None:
     # Every (sub)config in the model: encoder-decoder and vision-text models nest them.
     for module in model.modules():
-        cfg = getattr(module, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation"):
-            if hasattr(cfg, "_attn_implementation_internal"):
-                cfg._attn_implementation_internal = name
+        module_config = getattr(module, "config", None)
+        if module_config is not None and hasattr(module_config, "_attn_implementation"):
+            if hasattr(module_config, "_attn_implementation_internal"):
+                module_config._attn_implementation_internal = name
             else:
-                cfg._attn_implementation = name
+                module_config._attn_implementation = name
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -188,7 +197,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     part of a larger one, or left by PEFT's merge_and_unload (patched modules, slimfit's attention
     in its config, no record) is restored as well."""
     found = False
-    reverse = {v: k for k, v in hf_attention.IMPLEMENTATIONS.items()}
+    reverse = {slimfit_impl: original for original, slimfit_impl in hf_attention.IMPLEMENTATIONS.items()}
     for module in model.modules():
         own = vars(module)  # not getattr: PeftModel forwards unknown attributes to the model it wraps
         if MODEL_STATE in own:
@@ -207,13 +216,13 @@ def unpatch(model: nn.Module) -> nn.Module:
             if attr in own:
                 found = True
                 delattr(module, attr)
-        cfg = getattr(module, "config", None)
-        if getattr(cfg, "_attn_implementation", None) in reverse:
+        module_config = getattr(module, "config", None)
+        if getattr(module_config, "_attn_implementation", None) in reverse:
             found = True
-            _set_attn_implementation(module, reverse[cfg._attn_implementation])
+            _set_attn_implementation(module, reverse[module_config._attn_implementation])
     unpatch_causal_lm(model)
     if not found:
-        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do")
+        warnings.warn("slimfit.unpatch: the model is not patched; nothing to do", stacklevel=2)
     return model
 
 

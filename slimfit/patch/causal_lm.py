@@ -62,7 +62,8 @@ def _why_not(model: nn.Module) -> str | None:
             return f"config.{key} transforms the logits: the model's own head and loss are kept"
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
-        return f"output embeddings are {type(head).__name__}, not a linear layer: the model's own head and loss are kept"
+        return (f"output embeddings are {type(head).__name__}, not a linear layer: "
+                "the model's own head and loss are kept")
     if head.weight.shape[0] != getattr(cfg, "vocab_size", head.weight.shape[0]):
         return "head rows differ from config.vocab_size: the model's own head and loss are kept"
     if model.loss_function is not _hf_causal_lm_loss():
@@ -107,8 +108,8 @@ def _chunked_forward(self, *args, **kwargs):
                           num_items_in_batch=extra.get("num_items_in_batch"),
                           chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"])
     out_cls = _output_class(type(self))
-    fields = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(out_cls)
-              if f.name not in ("loss", "logits")}
+    fields = {field.name: getattr(outputs, field.name, None) for field in dataclasses.fields(out_cls)
+              if field.name not in ("loss", "logits")}
     out = out_cls(loss=loss, logits=None, **fields)
     return out if return_dict else out.to_tuple()
 

@@ -30,12 +30,12 @@ def compile_regions(model: nn.Module, *, granularity: str = "module", **compile_
     if granularity not in GRANULARITIES:
         raise ValueError(f"slimfit.compile: granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if granularity == "module":
-        regions = [m for m in model.modules() if ORIGINAL_CLASS in vars(m)]
+        regions = [module for module in model.modules() if ORIGINAL_CLASS in vars(module)]
         if not regions:
             raise ValueError("slimfit.compile(granularity='module') compiles the patched layers, and this model "
                              "has none: call slimfit.patch(model, config) first (or use granularity='block')")
     else:
-        regions = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+        regions = [block for blocks in model.modules() if isinstance(blocks, nn.ModuleList) for block in blocks]
         if not regions:
             raise ValueError("slimfit.compile(granularity='block') found no nn.ModuleList of blocks in this model; "
                              "use granularity='module'")

@@ -89,7 +89,7 @@ def swap(module: nn.Module, mixin: type, options) -> None:
 
 def handle(name: str, module: nn.Module, ctx: PatchContext, summary: PatchSummary) -> None:
     """Patch (or record why not) one selected module with the first handler that matches it."""
-    handler = next((h for h in HANDLERS if h.matches(module, ctx)), None)
+    handler = next((candidate for candidate in HANDLERS if candidate.matches(module, ctx)), None)
     if handler is None:
         return
     reason = handler.skip(ctx, module) if handler.skip is not None else None
@@ -106,7 +106,7 @@ def handle(name: str, module: nn.Module, ctx: PatchContext, summary: PatchSummar
 
 def register(handler: Handler, before: str | None = None) -> Handler:
     """Insert `handler` before the first handler of kind `before` (default: at the end of the table)."""
-    index = next((i for i, h in enumerate(HANDLERS) if h.kind == before), len(HANDLERS))
+    index = next((i for i, existing in enumerate(HANDLERS) if existing.kind == before), len(HANDLERS))
     HANDLERS.insert(index, handler)
     return handler
 
@@ -121,12 +121,12 @@ def gelu_kinds() -> dict:
     """Exact activation classes -> 'none' | 'tanh' (the approximation they compute; None: the module's)."""
     kinds = {nn.GELU: None}
     try:
-        from transformers import activations as act
+        from transformers import activations
 
         for name, approx in (("GELUActivation", "none"), ("NewGELUActivation", "tanh"),
                              ("GELUTanh", "tanh"), ("PytorchGELUTanh", "tanh")):
-            if hasattr(act, name):
-                kinds[getattr(act, name)] = approx
+            if hasattr(activations, name):
+                kinds[getattr(activations, name)] = approx
     except ImportError:
         pass
     return kinds
@@ -169,8 +169,9 @@ def _linear_options(ctx: PatchContext, name: str, module) -> LinearOptions:
     bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
     sampling = None
     if ctx.sample_ids is not None and _is_sample_target(config, family, name):
-        s = config.sampling
-        sampling = Sampling(sampler=s.method, ratio=float(s.ratio), k_min=s.min_rows, ids=ctx.sample_ids, name=name)
+        settings = config.sampling
+        sampling = Sampling(sampler=settings.method, ratio=float(settings.ratio), k_min=settings.min_rows,
+                            ids=ctx.sample_ids, name=name)
     return LinearOptions.from_config(config, bits, sampling)
 
 
@@ -184,16 +185,16 @@ def _is_sample_target(config: SlimFitConfig, family, name: str) -> bool:
     return family is not None and family.is_sample_target(name)
 
 
-def _linear_mode(ctx: PatchContext, o: LinearOptions) -> str:
-    bits = o.input_bits
+def _linear_mode(ctx: PatchContext, opts: LinearOptions) -> str:
+    bits = opts.input_bits
     mode = f"input {bits or 'full'}{'-bit' if bits else ''}"
-    if o.sampling is not None:
+    if opts.sampling is not None:
         mode += f", {ctx.config.sampling.method} {ctx.config.sampling.ratio:.0%} of rows"
     return mode + ", frozen fast path"
 
 
-def _linear_cache(ctx: PatchContext, module, o: LinearOptions) -> None:
-    if o.sampling is not None:
+def _linear_cache(ctx: PatchContext, module, opts: LinearOptions) -> None:
+    if opts.sampling is not None:
         setattr(module, NORM_CACHE, NormCache(per_token=ctx.config.sampling.norms == "token"))
 
 
@@ -207,9 +208,9 @@ def _gelu_options(ctx: PatchContext, name: str, module) -> GELUOptions:
 def _swiglu_skip(ctx: PatchContext, module) -> str | None:
     if ctx.config.silu_bits is None:
         return "silu_bits=None (SwiGLU product saved as in PyTorch)"
-    act = getattr(module, "act_fn", None)
-    if type(act) not in ctx.silu_classes:
-        return (f"act_fn is {type(act).__name__}, not SiLU: MLP left as is (its activation is patched on its "
+    act_fn = getattr(module, "act_fn", None)
+    if type(act_fn) not in ctx.silu_classes:
+        return (f"act_fn is {type(act_fn).__name__}, not SiLU: MLP left as is (its activation is patched on its "
                 "own if slimfit knows it)")
     return None
 
@@ -220,8 +221,8 @@ def _claim_act_fn(ctx: PatchContext, module, options) -> None:
 
 # -- norms, conv, dropout ----------------------------------------------------------------------------------
 
-def _norm_mode(ctx: PatchContext, o: NormOptions) -> str:
-    return f"{o.save}/{o.save_frozen} when frozen"
+def _norm_mode(ctx: PatchContext, opts: NormOptions) -> str:
+    return f"{opts.save}/{opts.save_frozen} when frozen"
 
 
 def _conv_skip(ctx: PatchContext, module) -> str | None:
@@ -246,29 +247,30 @@ def _linear_handler(matches, mixin) -> Handler:
 HANDLERS: list = [
     _linear_handler(_is_linear, LinearMixin),
     _linear_handler(_is_conv1d, Conv1DMixin),
-    Handler("gelu", lambda m, ctx: type(m) in ctx.gelu_kinds, GELUMixin, _gelu_options,
-            lambda ctx, o: f"{o.bits}-bit input ({o.approximate})",
-            skip=lambda ctx, m: "gelu_bits=None" if ctx.config.gelu_bits is None else None),
-    Handler("silu", lambda m, ctx: type(m) in ctx.silu_classes, SiLUMixin,
-            lambda ctx, name, m: ActivationOptions.from_config(ctx.config),
-            lambda ctx, o: f"{o.bits}-bit input",
-            skip=lambda ctx, m: "silu_bits=None" if ctx.config.silu_bits is None else None),
-    Handler("swiglu", lambda m, ctx: type(m).__name__ in ctx.swiglu_mlps, SwiGLUMixin,
-            lambda ctx, name, m: ActivationOptions.from_config(ctx.config),
-            lambda ctx, o: f"gate and up {o.bits}-bit", skip=_swiglu_skip, on_patch=_claim_act_fn),
-    Handler("layernorm", lambda m, ctx: type(m) is nn.LayerNorm, LayerNormMixin,
-            lambda ctx, name, m: NormOptions.from_config(ctx.config), _norm_mode,
-            skip=lambda ctx, m: "layernorm saves in full" if ctx.norms_full else None),
-    Handler("rmsnorm", lambda m, ctx: type(m).__name__ in ctx.rmsnorms, RMSNormMixin,
-            lambda ctx, name, m: NormOptions.from_config(ctx.config), _norm_mode,
-            skip=lambda ctx, m: "layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full else None),
-    Handler("conv", lambda m, ctx: type(m) in _CONVS, ConvMixin, lambda ctx, name, m: ConvOptions(),
-            lambda ctx, o: "frozen fast path (trainable: as PyTorch)", skip=_conv_skip),
-    Handler("dropout", lambda m, ctx: type(m) is nn.Dropout, DropoutMixin,
-            lambda ctx, name, m: DropoutOptions.from_config(ctx.config), lambda ctx, o: o.mode,
-            skip=lambda ctx, m: QUIET if ctx.config.dropout == "torch" else None),
+    Handler("gelu", lambda module, ctx: type(module) in ctx.gelu_kinds, GELUMixin, _gelu_options,
+            lambda ctx, opts: f"{opts.bits}-bit input ({opts.approximate})",
+            skip=lambda ctx, module: "gelu_bits=None" if ctx.config.gelu_bits is None else None),
+    Handler("silu", lambda module, ctx: type(module) in ctx.silu_classes, SiLUMixin,
+            lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
+            lambda ctx, opts: f"{opts.bits}-bit input",
+            skip=lambda ctx, module: "silu_bits=None" if ctx.config.silu_bits is None else None),
+    Handler("swiglu", lambda module, ctx: type(module).__name__ in ctx.swiglu_mlps, SwiGLUMixin,
+            lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
+            lambda ctx, opts: f"gate and up {opts.bits}-bit", skip=_swiglu_skip, on_patch=_claim_act_fn),
+    Handler("layernorm", lambda module, ctx: type(module) is nn.LayerNorm, LayerNormMixin,
+            lambda ctx, name, module: NormOptions.from_config(ctx.config), _norm_mode,
+            skip=lambda ctx, module: "layernorm saves in full" if ctx.norms_full else None),
+    Handler("rmsnorm", lambda module, ctx: type(module).__name__ in ctx.rmsnorms, RMSNormMixin,
+            lambda ctx, name, module: NormOptions.from_config(ctx.config), _norm_mode,
+            skip=lambda ctx, module: ("layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full
+                                      else None)),
+    Handler("conv", lambda module, ctx: type(module) in _CONVS, ConvMixin, lambda ctx, name, module: ConvOptions(),
+            lambda ctx, opts: "frozen fast path (trainable: as PyTorch)", skip=_conv_skip),
+    Handler("dropout", lambda module, ctx: type(module) is nn.Dropout, DropoutMixin,
+            lambda ctx, name, module: DropoutOptions.from_config(ctx.config), lambda ctx, opts: opts.mode,
+            skip=lambda ctx, module: QUIET if ctx.config.dropout == "torch" else None),
     # known to be left alone: the family files' not_compressed classes, and RMSNorms of unknown formula
     Handler("not compressed",
-            lambda m, ctx: type(m).__name__ in ctx.not_compressed or "RMSNorm" in type(m).__name__,
+            lambda module, ctx: type(module).__name__ in ctx.not_compressed or "RMSNorm" in type(module).__name__,
             skip=_unknown_reason),
 ]

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .. import autograd as sf
+from .. import autograd
 from ..autograd.attention import topk_keep
 from ..autograd.fused_attention import fused_kernel, quantized_bytes
 from ..config import ATTENTION_PATHS
@@ -51,26 +51,27 @@ def _saved_bytes(path: str, opts: AttentionOptions | dict, query, key, value) ->
     """What a path keeps for backward for these shapes, by the formats' byte formulas (the
     mask is left out: it is the model's tensor, shared by every layer, and both paths see it)."""
     opts = AttentionOptions.of(opts)
-    bits, g = opts.qkv_bits, opts.group_size
+    bits, group_size = opts.qkv_bits, opts.group_size
     b, hq, sq, _ = query.shape
-    heads = hq if path == "materialize" else key.shape[1]  # the materializing path keeps K/V expanded
+    kv_heads = hq if path == "materialize" else key.shape[1]  # the materializing path keeps K/V expanded
     total = 0
-    for t, h in ((query, hq), (key, heads), (value, heads)):
-        n = t.numel() // t.shape[1] * h
-        total += n * t.element_size() if bits is None else quantized_bytes(n, bits, g)
+    for tensor, tensor_heads in ((query, hq), (key, kv_heads), (value, kv_heads)):
+        numel = tensor.numel() // tensor.shape[1] * tensor_heads
+        total += numel * tensor.element_size() if bits is None else quantized_bytes(numel, bits, group_size)
     if path == "fused" or opts.probs == "recompute":
         return total
-    n_p = b * hq * sq * key.shape[2]
+    probs_numel = b * hq * sq * key.shape[2]
     probs = opts.probs
     if probs == "full":
-        return total + n_p * query.element_size()
+        return total + probs_numel * query.element_size()
     if probs == "topk":
-        k = topk_keep(opts.keep_ratio, key.shape[2])
-        return total + b * hq * sq * k * (query.element_size() + (2 if key.shape[2] <= 32768 else 4))
-    return total + quantized_bytes(n_p, 8 if probs == "int8" else 4, g)
+        kept = topk_keep(opts.keep_ratio, key.shape[2])
+        return total + b * hq * sq * kept * (query.element_size() + (2 if key.shape[2] <= 32768 else 4))
+    return total + quantized_bytes(probs_numel, 8 if probs == "int8" else 4, group_size)
 
 
-def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_p: float, is_causal: bool) -> tuple[str, str]:
+def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_p: float,
+                is_causal: bool) -> tuple[str, str]:
     """(path, why) for one call. 'auto' takes the fused path whenever PyTorch has a fused kernel
     for the inputs and it keeps no more bytes than the materializing path (with the default
     recompute backward it keeps only Q/K/V, so it always does); 'fused' takes it whenever a
@@ -105,7 +106,10 @@ def _make(original: str):
         seeded = opts is not None and module.training and dropout > 0.0
         if opts is None or not (needs_grad or seeded) or unsupported:
             if opts is None and needs_grad and not _warned_unpatched:
-                warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention")
+                # stacklevel=1: the caller is transformers' attention forward, not the user's code;
+                # the message names the module
+                warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention",
+                              stacklevel=1)
                 _warned_unpatched = True
             fn = _original_function(original, module)
             return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -118,7 +122,7 @@ def _make(original: str):
         p_drop = float(dropout) if module.training else 0.0
         path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
         if path == "fused":
-            out = sf.fused_attention(
+            out = autograd.fused_attention(
                 query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
                 dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits,
                 group_size=opts.group_size, check_finite=opts.check_finite,
@@ -126,12 +130,13 @@ def _make(original: str):
             return out.transpose(1, 2).contiguous(), None
         if opts.path == "fused" and why not in _warned_fallback:
             warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
-                          "materializing path (P saved compressed, dropout replayed from a seed)")
+                          "materializing path (P saved compressed, dropout replayed from a seed)",
+                          stacklevel=1)  # as above: the caller is transformers' attention forward
             _warned_fallback.add(why)
         groups = getattr(module, "num_key_value_groups", 1)
         if groups > 1:
             key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-        out = sf.attention(
+        out = autograd.attention(
             query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
             dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits, probs=opts.probs,
             keep_ratio=opts.keep_ratio, group_size=opts.group_size,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import autograd as sf
+from .. import autograd
 from ..autograd.conv import conv
 from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
@@ -46,10 +46,10 @@ def _reduce_ex(self, protocol):
     mixin, original = cls.__bases__
     # the original class's own reduction (nn.Module: copyreg.__newobj__, (cls,), state), with the
     # dynamically made class replaced by the recipe that rebuilds it
-    rv = super(cls, self).__reduce_ex__(max(int(protocol), 2))
-    if not (isinstance(rv, tuple) and len(rv) >= 2 and rv[1] and rv[1][0] is cls):
-        raise TypeError(f"slimfit: cannot pickle a patched {original.__name__} (its reduction is {rv[0]!r})")
-    return (_rebuild, (original, mixin) + tuple(rv[1][1:])) + tuple(rv[2:])
+    reduction = super(cls, self).__reduce_ex__(max(int(protocol), 2))
+    if not (isinstance(reduction, tuple) and len(reduction) >= 2 and reduction[1] and reduction[1][0] is cls):
+        raise TypeError(f"slimfit: cannot pickle a patched {original.__name__} (its reduction is {reduction[0]!r})")
+    return (_rebuild, (original, mixin) + tuple(reduction[1][1:])) + tuple(reduction[2:])
 
 
 def _rebuild(original: type, mixin: type, *args):
@@ -78,16 +78,17 @@ def _original_forward(module: nn.Module, *args):
 def _linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """slimfit's linear, or its WTA-CRS sampled version when the layer is a sampling target and its
     weight trains (a frozen weight takes the frozen fast path either way)."""
-    o = getattr(module, OPTIONS)
-    s = o.sampling
-    if s is not None and weight.requires_grad:
-        ids = s.ids.for_input(x, s.name)
-        return sampled_linear(x, weight, module.bias, ratio=s.ratio, k_min=s.k_min, sampler=s.sampler,
-                              sample_ids=ids, norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
-                              input_bits=o.input_bits, group_size=o.group_size, stochastic=o.stochastic,
-                              check_finite=o.check_finite)
-    return sf.linear(x, weight, module.bias, input_bits=o.input_bits, group_size=o.group_size,
-                     stochastic=o.stochastic, check_finite=o.check_finite)
+    opts = getattr(module, OPTIONS)
+    sampling = opts.sampling
+    if sampling is not None and weight.requires_grad:
+        ids = sampling.ids.for_input(x, sampling.name)
+        return sampled_linear(x, weight, module.bias, ratio=sampling.ratio, k_min=sampling.k_min,
+                              sampler=sampling.sampler, sample_ids=ids,
+                              norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
+                              input_bits=opts.input_bits, group_size=opts.group_size, stochastic=opts.stochastic,
+                              check_finite=opts.check_finite)
+    return autograd.linear(x, weight, module.bias, input_bits=opts.input_bits, group_size=opts.group_size,
+                           stochastic=opts.stochastic, check_finite=opts.check_finite)
 
 
 class LinearMixin:
@@ -115,9 +116,9 @@ class GELUMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        return sf.gelu(x, bits=o.bits, approximate=o.approximate, group_size=o.group_size,
-                       stochastic=o.stochastic, check_finite=o.check_finite)
+        opts = getattr(self, OPTIONS)
+        return autograd.gelu(x, bits=opts.bits, approximate=opts.approximate, group_size=opts.group_size,
+                             stochastic=opts.stochastic, check_finite=opts.check_finite)
 
 
 class SiLUMixin:
@@ -126,9 +127,9 @@ class SiLUMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        return silu(x, bits=o.bits, group_size=o.group_size, stochastic=o.stochastic,
-                    check_finite=o.check_finite)
+        opts = getattr(self, OPTIONS)
+        return silu(x, bits=opts.bits, group_size=opts.group_size, stochastic=opts.stochastic,
+                    check_finite=opts.check_finite)
 
 
 class SwiGLUMixin:
@@ -139,9 +140,9 @@ class SwiGLUMixin:
     def forward(self, x):
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=o.bits, group_size=o.group_size,
-                   stochastic=o.stochastic, check_finite=o.check_finite)
+        opts = getattr(self, OPTIONS)
+        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=opts.bits, group_size=opts.group_size,
+                   stochastic=opts.stochastic, check_finite=opts.check_finite)
         return self.down_proj(h)
 
 
@@ -151,10 +152,10 @@ class RMSNormMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
-        save = o.save if self.weight.requires_grad else o.save_frozen
-        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=o.keep_ratio,
-                        group_size=o.group_size, check_finite=o.check_finite)
+        opts = getattr(self, OPTIONS)
+        save = opts.save if self.weight.requires_grad else opts.save_frozen
+        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=opts.keep_ratio,
+                        group_size=opts.group_size, check_finite=opts.check_finite)
 
 
 class ConvMixin:
@@ -173,12 +174,12 @@ class LayerNormMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        o = getattr(self, OPTIONS)
+        opts = getattr(self, OPTIONS)
         trainable = self.weight is not None and self.weight.requires_grad
-        save = o.save if trainable else o.save_frozen
-        return sf.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
-                             keep_ratio=o.keep_ratio, group_size=o.group_size,
-                             check_finite=o.check_finite)
+        save = opts.save if trainable else opts.save_frozen
+        return autograd.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
+                                   keep_ratio=opts.keep_ratio, group_size=opts.group_size,
+                                   check_finite=opts.check_finite)
 
 
 class DropoutMixin:
@@ -191,4 +192,4 @@ class DropoutMixin:
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return _original_forward(self, x)
-        return sf.dropout(x, self.p, True, mode=getattr(self, OPTIONS).mode)
+        return autograd.dropout(x, self.p, True, mode=getattr(self, OPTIONS).mode)

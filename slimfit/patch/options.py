@@ -109,9 +109,10 @@ class AttentionOptions:
     @classmethod
     def from_config(cls, config: SlimFitConfig):
         """The options of a config whose `attention` is an AttentionSaving (not None)."""
-        a = config.attention
-        return cls(qkv_bits=a.qkv_bits, probs=a.probs, keep_ratio=a.keep_ratio, group_size=config.group_size,
-                   dropout_on_v=a.dropout_on_v, check_finite=config.check_finite, path=a.path)
+        saving = config.attention
+        return cls(qkv_bits=saving.qkv_bits, probs=saving.probs, keep_ratio=saving.keep_ratio,
+                   group_size=config.group_size, dropout_on_v=saving.dropout_on_v,
+                   check_finite=config.check_finite, path=saving.path)
 
     @classmethod
     def of(cls, opts) -> AttentionOptions:

@@ -61,11 +61,11 @@ class SampleIds:
         if ids is None:
             self.warn_once("no-ids", _NO_IDS_WARNING)
             return None
-        n = ids.numel() if isinstance(ids, torch.Tensor) else len(ids)
+        n_ids = ids.numel() if isinstance(ids, torch.Tensor) else len(ids)
         batch = x.shape[0] if x.dim() >= 2 else 1
-        if n != batch:
+        if n_ids != batch:
             self.warn_once(("mismatch", module_name),
-                           f"slimfit: {n} sample ids for a batch of {batch} at {module_name} (input "
+                           f"slimfit: {n_ids} sample ids for a batch of {batch} at {module_name} (input "
                            f"{tuple(x.shape)}); this layer samples without ids (p ∝ ‖x‖)")
             return None
         return ids
@@ -127,8 +127,8 @@ def _check_new_modules(module, args):
         return
     state["checked"] = True
     keep = _name_filter(*state.get("filters", (None, None)))
-    added = [name for name, m in module.named_modules()
-             if type(m) is torch.nn.Linear and not hasattr(m, ORIGINAL_CLASS) and not keep(name)]
+    added = [name for name, submodule in module.named_modules()
+             if type(submodule) is torch.nn.Linear and not hasattr(submodule, ORIGINAL_CLASS) and not keep(name)]
     if added:
         warnings.warn(_ADDED_WARNING.format(n=len(added), names=", ".join(added[:3])), stacklevel=3)
 
@@ -160,7 +160,7 @@ def remove_hooks(model: torch.nn.Module) -> None:
     deep copy's handles would point at the original's hook tables)."""
     for table in ("_forward_pre_hooks", "_forward_hooks"):
         hooks = getattr(model, table)
-        for key in [k for k, fn in hooks.items() if getattr(fn, _HOOK_MARK, False)]:
+        for key in [hook_key for hook_key, hook in hooks.items() if getattr(hook, _HOOK_MARK, False)]:
             del hooks[key]
             for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
                           "_forward_hooks_always_called"):
@@ -187,4 +187,4 @@ def sample_ids(model: torch.nn.Module, ids):
 
 def norm_caches(model: torch.nn.Module) -> dict:
     """{module name: NormCache} of the sampled linears (for checkpoints: `cache.state_dict()`)."""
-    return {name: getattr(m, NORM_CACHE) for name, m in model.named_modules() if hasattr(m, NORM_CACHE)}
+    return {name: getattr(module, NORM_CACHE) for name, module in model.named_modules() if hasattr(module, NORM_CACHE)}

@@ -18,9 +18,9 @@ class PatchSummary:
 
     def __str__(self) -> str:
         lines = [f"slimfit patch (family: {self.family}); attention: {self.attention or 'left alone'}"]
-        for key, n in sorted(self.counts().items()):
-            lines.append(f"  patched {n:4d} x {key}")
+        for key, count in sorted(self.counts().items()):
+            lines.append(f"  patched {count:4d} x {key}")
         reasons = Counter((cls, reason) for _, cls, reason in self.skipped)
-        for (cls, reason), n in sorted(reasons.items()):
-            lines.append(f"  left    {n:4d} x {cls}: {reason}")
+        for (cls, reason), count in sorted(reasons.items()):
+            lines.append(f"  left    {count:4d} x {cls}: {reason}")
         return "\n".join(lines)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .. import autograd as sf
+from .. import autograd
 from .hf_attention import choose_path
 from .options import AttentionOptions
 
@@ -56,16 +56,16 @@ def route(opts: AttentionOptions, query, key, value, attn_mask=None, dropout_p=0
         return _original(*args)  # no graph, or a call SDPA answers itself (broadcasting, its own errors)
     path, _ = choose_path(opts, query, key, value, attn_mask, float(dropout_p), bool(is_causal))
     if path == "fused":
-        return sf.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                                  dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits,
-                                  group_size=opts.group_size, check_finite=opts.check_finite)
+        return autograd.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
+                                        dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits,
+                                        group_size=opts.group_size, check_finite=opts.check_finite)
     if hq != hk:
         key, value = key.repeat_interleave(hq // hk, 1), value.repeat_interleave(hq // hk, 1)
-    return sf.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                        dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits, probs=opts.probs,
-                        keep_ratio=opts.keep_ratio, group_size=opts.group_size,
-                        dropout_mode="on_v" if opts.dropout_on_v else "seed",
-                        check_finite=opts.check_finite)
+    return autograd.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
+                              dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits, probs=opts.probs,
+                              keep_ratio=opts.keep_ratio, group_size=opts.group_size,
+                              dropout_mode="on_v" if opts.dropout_on_v else "seed",
+                              check_finite=opts.check_finite)
 
 
 _local = threading.local()  # the options of the MHA call running on this thread, if any
@@ -141,9 +141,10 @@ def install(model: nn.Module, config, summary) -> bool:
         return True
     setattr(model, ROUTER, _Router(model, AttentionOptions.from_config(config)))
     mode = f"qkv {config.attention.qkv_bits or 'full'}, path {config.attention.path}"
-    mha = [name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    mha = [name for name, module in model.named_modules() if isinstance(module, nn.MultiheadAttention)]
     for name in mha:
-        summary.patched.append((name, "attention", mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))
+        summary.patched.append((name, "attention",
+                                mode + " (F.scaled_dot_product_attention; need_weights=False calls)"))
     summary.patched.append(("<sdpa>", "attention", mode + ": every F.scaled_dot_product_attention call in forward"))
     return True
 
@@ -152,6 +153,6 @@ def remove(model: nn.Module) -> None:
     router = getattr(model, ROUTER, None)
     if router is None:
         return
-    for h in router.handles:
-        h.remove()
+    for handle in router.handles:
+        handle.remove()
     delattr(model, ROUTER)

@@ -1,9 +1,10 @@
 """convert / unconvert / add_adapters / set_reversible_layers: MEFT in place on a Hugging Face model.
 
 Each transformer layer keeps its parameters and state_dict keys; its class is swapped for a
-subclass (`SlimFit<Layer>`, built by slimfit.patch's `patched_class`) whose forward implements the MEFT layer, and adapters are added as new
-submodules (`meft_ffn_adapter`, `meft_attn_adapter`, `meft_rev_adapter`). The model's own loop still
-calls the layers one by one, so the call signature and outputs of the model are unchanged:
+subclass (`SlimFit<Layer>`, built by slimfit.patch's `patched_class`) whose forward implements the
+MEFT layer, and adapters are added as new submodules (`meft_ffn_adapter`, `meft_attn_adapter`,
+`meft_rev_adapter`). The model's own loop still calls the layers one by one, so the call signature
+and outputs of the model are unchanged:
 
     layer 0           duplicates its input h -> (x1, x2) = (h, h); when a backward will be needed it
                       runs the whole reversible group (layers 0 .. n_rev-1) in one autograd Function
@@ -188,7 +189,8 @@ class MeftLayerMixin:
         state = self.__dict__[STATE]
         if getattr(self, "gradient_checkpointing", False) and self.training:
             raise RuntimeError("slimfit.reversible: gradient checkpointing is on for a MEFT-converted layer; "
-                               "MEFT already recomputes in backward — turn it off (model.gradient_checkpointing_disable())")
+                               "MEFT already recomputes in backward — turn it off "
+                               "(model.gradient_checkpointing_disable())")
         plan = state["plan"]
         attn_kwargs = plan.family.bind(state["original_class"].forward, self, hidden_states, args, kwargs)
         return plan.layer_forward(self, state["index"], hidden_states, attn_kwargs)
@@ -243,12 +245,15 @@ def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init
     if not isinstance(model, nn.Module):
         raise TypeError(f"slimfit.reversible: expected a torch.nn.Module, got {type(model).__name__}")
     if hasattr(model, MODEL_STATE):
-        raise RuntimeError("slimfit.reversible: this model is already converted; call slimfit.reversible.unconvert first")
+        raise RuntimeError("slimfit.reversible: this model is already converted; "
+                           "call slimfit.reversible.unconvert first")
     _check_int("bottleneck", bottleneck, 1)
     if output not in ("mean", "last"):
-        raise ValueError(f"slimfit.reversible: output must be 'mean' (the paper's (x1 + x2)/2) or 'last', got {output!r}")
+        raise ValueError(f"slimfit.reversible: output must be 'mean' (the paper's (x1 + x2)/2) or 'last', "
+                         f"got {output!r}")
     if stream_dtype is not None and not (isinstance(stream_dtype, torch.dtype) and stream_dtype.is_floating_point):
-        raise TypeError(f"slimfit.reversible: stream_dtype must be None or a floating torch.dtype, got {stream_dtype!r}")
+        raise TypeError(f"slimfit.reversible: stream_dtype must be None or a floating torch.dtype, "
+                        f"got {stream_dtype!r}")
     if not (isinstance(init_std, (int, float)) and init_std >= 0):
         raise ValueError(f"slimfit.reversible: init_std must be a number >= 0, got {init_std!r}")
     path, layers, family = _find_layers(model)
@@ -259,7 +264,8 @@ def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init
     if scales is not None:
         lam, beta = scales
         for nm, v in (("λ", lam), ("β", beta)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v == v) or v == 0 or abs(v) == float("inf"):
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not (v == v) or v == 0
+                    or abs(v) == float("inf")):
                 raise ValueError(f"slimfit.reversible: {nm} must be a finite non-zero number, got {v!r}")
         form = dataclasses.replace(form, lam=float(lam), beta=float(beta))
     for layer in layers:

@@ -121,7 +121,8 @@ class BertLayout(BlockLayout):
     act_key = "hidden_act"
 
     def parts(self, layer):
-        return getattr(layer.attention.self, "config", None), layer.intermediate.intermediate_act_fn, layer.output.dropout
+        config = getattr(layer.attention.self, "config", None)
+        return config, layer.intermediate.intermediate_act_fn, layer.output.dropout
 
     def attn(self, layer, x, attn_kwargs, adapter=None):
         a, _ = layer.attention.self(x, **attn_kwargs)

@@ -266,7 +266,7 @@ def test_dropout_changes_output_and_saves_nothing_extra():
     q.requires_grad_()
     base = saved_bytes(lambda: attention(q, k, v))
     for mode in ("seed", "on_v"):
-        assert saved_bytes(lambda: attention(q, k, v, dropout_p=0.1, dropout_mode=mode)) == base
+        assert saved_bytes(lambda mode=mode: attention(q, k, v, dropout_p=0.1, dropout_mode=mode)) == base
     torch.manual_seed(0)
     a = attention(q, k, v, dropout_p=0.5)
     b = attention(q, k, v, dropout_p=0.5)

@@ -7,11 +7,10 @@ model layer by layer so that the scheduler's requires_grad flips do not recompil
 import pytest
 import torch
 import torch._dynamo
+from _grad_utils import single_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
 from slimfit.autograd import dropout, gelu, layer_norm, linear, matmul
-
-from _grad_utils import single_thread  # noqa: F401  (autouse fixture)
 
 
 class Block(nn.Module):

@@ -3,10 +3,9 @@ trainable weight -> PyTorch's convolution itself."""
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import saved, single_thread  # noqa: F401  (single_thread: autouse fixture)
 
 from slimfit.autograd.conv import conv
-
-from _grad_utils import saved, single_thread  # noqa: F401  (single_thread: autouse fixture)
 
 _F = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
 

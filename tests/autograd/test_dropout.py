@@ -4,11 +4,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import saved, single_thread  # noqa: F401  (single_thread: autouse fixture)
 
 from slimfit.autograd import dropout
 from slimfit.kernels import dropout_mask, seeded_dropout
-
-from _grad_utils import saved, single_thread  # noqa: F401  (single_thread: autouse fixture)
 
 MODES = ["seed", "bitmask"]
 

@@ -4,13 +4,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    OUTLIER_CHANNELS,
+    cos_sim,
+    q_bytes,
+    quant_rel_err_theory,
+    rel_err,
+    saved,
+    single_thread,
+)
 
 from slimfit.autograd import layer_norm
 from slimfit.autograd.layernorm import topk_keep
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    OUTLIER_CHANNELS, cos_sim, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread,
-)
 
 H = 768
 MODES = ["full", "int8", "topk"]

@@ -5,14 +5,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    bert_like_hidden,
+    cos_sim,
+    q_bytes,
+    quant_rel_err_theory,
+    rel_err,
+    saved,
+    single_thread,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from slimfit.autograd import gelu, linear
 from slimfit.memory import measure
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    bert_like_hidden, cos_sim, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread,
-)
 
 IN, OUT = 64, 48
 
@@ -165,7 +170,7 @@ def test_bytes_saved(shape, bias):
     assert saved(lambda x: linear(x, frozen, b), x) == 0
     assert saved(lambda x: linear(x, trainable, b), x) == n * 4
     for bits in (8, 4, 2):
-        assert saved(lambda x: linear(x, trainable, b, input_bits=bits), x) == q_bytes(n, bits)
+        assert saved(lambda x, bits=bits: linear(x, trainable, b, input_bits=bits), x) == q_bytes(n, bits)
     assert saved(lambda x: linear(x, trainable, b, input_bits=4, group_size=64), x) == q_bytes(n, 4, 64)
     # (PyTorch's own autograd also skips saving the input of a frozen fp32 linear; the
     # difference shows under autocast, see test_frozen_path_under_autocast_saves_nothing)

@@ -4,12 +4,11 @@ without logits recomputation nor weight-gradient GEMM."""
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import rel_err, single_thread  # noqa: F401  (single_thread: autouse fixture)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from slimfit.autograd.linear_cross_entropy import causal_lm_loss, linear_cross_entropy
 from slimfit.memory import measure
-
-from _grad_utils import rel_err, single_thread  # noqa: F401  (single_thread: autouse fixture)
 
 loss_utils = pytest.importorskip("transformers.loss.loss_utils")
 hf_loss = loss_utils.ForCausalLMLoss

@@ -4,12 +4,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    bert_like_hidden,
+    cos_sim,
+    q_bytes,
+    quant_rel_err_theory,
+    rel_err,
+    saved,
+    single_thread,
+)
 
 from slimfit.autograd import matmul
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    bert_like_hidden, cos_sim, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread,
-)
 
 SHAPES = [
     ((3, 5), (5, 4)),

@@ -5,13 +5,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    OUTLIER_CHANNELS,
+    cos_sim,
+    q_bytes,
+    quant_rel_err_theory,
+    rel_err,
+    saved,
+    single_thread,
+)
 
 from slimfit.autograd.layernorm import topk_keep
 from slimfit.autograd.rmsnorm import rms_norm
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    OUTLIER_CHANNELS, cos_sim, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread,
-)
 
 llama = pytest.importorskip("transformers.models.llama.modeling_llama")
 

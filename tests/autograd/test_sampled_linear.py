@@ -6,13 +6,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import bert_like_hidden, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread  # noqa: F401
 
 from slimfit.autograd import wta_crs as W
 from slimfit.autograd.norm_cache import NormCache, as_sample_ids
 from slimfit.autograd.sampled_linear import sampled_linear
 from slimfit.memory import measure
-
-from _grad_utils import bert_like_hidden, q_bytes, quant_rel_err_theory, rel_err, saved, single_thread  # noqa: F401
 
 IN, OUT = 64, 48
 
@@ -26,7 +25,7 @@ def _dw(x, w, g, **kw):
 
 
 # ------------------------------------------------------------------ realistic data
-B, S, H, O = 4, 64, 256, 64
+B, S, H, H_OUT = 4, 64, 256, 64
 
 
 def _realistic(seed=1):
@@ -34,14 +33,14 @@ def _realistic(seed=1):
     them; narrower keeps the many-seed tests fast) and output gradients whose row norms are
     heavy-tailed (log-normal), large on the CLS token and zero on padding, as in fine-tuning
     (the WTA-CRS paper's observation); rows share a direction so dW is not pure noise.
-    Returns x (B, S, H), g (B, S, O) and stale norms: this visit's norms with 30% log-noise,
+    Returns x (B, S, H), g (B, S, H_OUT) and stale norms: this visit's norms with 30% log-noise,
     as a previous visit of the same samples would give."""
     x = bert_like_hidden(batch=B, seq=S, seed=0)[..., :H].contiguous()
     gen = torch.Generator().manual_seed(seed)
     s = torch.exp(torch.randn(B, S, 1, generator=gen))
     s[:, 0] *= 8.0                     # CLS
     s[2:, 48:] = 0.0                   # padding of two short samples
-    g = (torch.randn(1, 1, O, generator=gen) + torch.randn(B, S, O, generator=gen)) * s * 1e-3
+    g = (torch.randn(1, 1, H_OUT, generator=gen) + torch.randn(B, S, H_OUT, generator=gen)) * s * 1e-3
     stale = g.norm(dim=-1) * torch.exp(0.3 * torch.randn(B, S, generator=gen))
     return x, g, stale
 
@@ -74,7 +73,7 @@ def test_num_kept_rows():
 
 def test_deterministic_set_size_matches_definition():
     gen = torch.Generator().manual_seed(0)
-    for trial in range(50):
+    for _trial in range(50):
         n = int(torch.randint(2, 60, (1,), generator=gen))
         k = int(torch.randint(1, n + 1, (1,), generator=gen))
         p = torch.exp(3 * torch.randn(n, generator=gen, dtype=torch.float64))
@@ -155,7 +154,7 @@ def test_weight_grad_unbiased(realistic, sampler, probs):
       * the measured mean squared error of one sample is V within 20% (the formula is right).
     With n = 400 a bias of about 1/sqrt(n/10) of sqrt(V) is flagged (the negative controls below)."""
     x, g, stale = realistic             # x does not require grad: only dW is computed
-    w = _param(O, H, scale=0.02)
+    w = _param(H_OUT, H, scale=0.02)
     x2, g2 = _flat(x, g)
     k = W.num_kept_rows(x2.shape[0], 0.3, 10)
     exact = g2.t().mm(x2)
@@ -217,7 +216,7 @@ def test_variance_lower_than_crs(realistic):
     variances: WTA-CRS at most 0.7x plain CRS (measured here ~0.5x). With p from ||x|| alone on
     post-LayerNorm rows nothing stands out (|C| = 0) and the two coincide."""
     x, g, stale = realistic
-    w = _param(O, H, scale=0.02)
+    w = _param(H_OUT, H, scale=0.02)
     x2, g2 = _flat(x, g)
     k = W.num_kept_rows(x2.shape[0], 0.3, 10)
     exact = g2.t().mm(x2).double()
@@ -248,7 +247,7 @@ def test_stale_norms_from_backward_reduce_variance(realistic):
     variance drops by more than 5x here."""
     x, g, _ = realistic
     x = x.detach().requires_grad_()
-    w = _param(O, H, scale=0.02)
+    w = _param(H_OUT, H, scale=0.02)
     ids = torch.tensor([7, 3, 11, 0])
     cache = NormCache()
     assert torch.isnan(cache.lookup(ids, S)).all()
@@ -347,7 +346,7 @@ def test_bytes_saved(shape, bias):
     assert k < n
     assert saved(lambda x: sampled_linear(x, w, b), x) == k * IN * 4 + 4 * k + 4 * k
     for bits in (8, 4):
-        assert saved(lambda x: sampled_linear(x, w, b, input_bits=bits), x) == q_bytes(k * IN, bits) + 8 * k
+        assert saved(lambda x, bits=bits: sampled_linear(x, w, b, input_bits=bits), x) == q_bytes(k * IN, bits) + 8 * k
     assert saved(lambda x: sampled_linear(x, w, b, input_bits=4, group_size=64), x) == q_bytes(k * IN, 4, 64) + 8 * k
     assert saved(lambda x: F.linear(x, w, b), x) == n * IN * 4
     frozen = _param(OUT, IN, trainable=False)
@@ -386,7 +385,7 @@ def test_quantized_kept_rows(realistic):
     of the saved rows (theory for Gaussian rows: 5.9e-3; measured ~3.5e-3)."""
     x, g, _ = realistic
     x = x.detach().requires_grad_()
-    w = _param(O, H, scale=0.02)
+    w = _param(H_OUT, H, scale=0.02)
     full = _dw(x, w, g, generator_seed=3)
     q8 = _dw(x, w, g, generator_seed=3, input_bits=8)
     assert rel_err(q8, full) <= quant_rel_err_theory(8)

@@ -4,13 +4,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    bert_like_hidden,
+    cos_sim,
+    q_bytes,
+    rel_err,
+    saved,
+    single_thread,
+)
 
 from slimfit.autograd.silu import silu
 from slimfit.kernels import dequantize, quantize
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    bert_like_hidden, cos_sim, q_bytes, rel_err, saved, single_thread,
-)
 
 
 def _gate_preactivations(seed=0):
@@ -70,7 +74,8 @@ def test_grad_error_random_gradient(bits, min_cos):
 def test_bytes_saved(bits, shape):
     x = torch.randn(shape, requires_grad=True)
     n = x.numel()
-    assert saved(lambda x: silu(x, bits=bits), x) == q_bytes(n, bits) == math.ceil(n * bits / 8) + 8 * math.ceil(n / 128)
+    expected = math.ceil(n * bits / 8) + 8 * math.ceil(n / 128)
+    assert saved(lambda x: silu(x, bits=bits), x) == q_bytes(n, bits) == expected
     assert saved(lambda x: silu(x, bits=bits, group_size=64), x) == q_bytes(n, bits, 64)
     assert saved(F.silu, x) == n * 4  # plain PyTorch keeps the fp32 input
 

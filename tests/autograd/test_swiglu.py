@@ -3,13 +3,17 @@ gradients exact functions of the dequantized values."""
 import pytest
 import torch
 import torch.nn.functional as F
+from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
+    bert_like_hidden,
+    cos_sim,
+    q_bytes,
+    rel_err,
+    saved,
+    single_thread,
+)
 
 from slimfit.autograd.silu import swiglu
 from slimfit.kernels import dequantize, quantize
-
-from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
-    bert_like_hidden, cos_sim, q_bytes, rel_err, saved, single_thread,
-)
 
 
 def _plain(gate, up):

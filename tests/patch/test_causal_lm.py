@@ -149,7 +149,8 @@ def test_unpatch_restores_the_class_forward_and_state_dict():
     slimfit.unpatch(model)
     assert "forward" not in vars(model) and not hasattr(model, CAUSAL_LM_OPTIONS)
     assert model(**inputs).logits is not None
-    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)  # off in exact(): the model's own head
+    # off in exact(): the model's own head
+    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)
     assert "forward" not in vars(model) and "causal-lm" not in str(summary)
 
 

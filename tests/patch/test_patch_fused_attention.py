@@ -7,12 +7,11 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-
-import slimfit
-from slimfit.config import SlimFitConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import slimfit
+from slimfit.config import SlimFitConfig
 from slimfit.patch import hf_attention
 
 
@@ -68,7 +67,7 @@ class CountPaths:
 
     def __init__(self, monkeypatch):
         self.calls = {"fused": 0, "materialize": 0}
-        fused, mat = hf_attention.sf.fused_attention, hf_attention.sf.attention
+        fused, mat = hf_attention.autograd.fused_attention, hf_attention.autograd.attention
 
         def count(name, fn):
             def wrapped(*a, **kw):
@@ -76,8 +75,8 @@ class CountPaths:
                 return fn(*a, **kw)
             return wrapped
 
-        monkeypatch.setattr(hf_attention.sf, "fused_attention", count("fused", fused))
-        monkeypatch.setattr(hf_attention.sf, "attention", count("materialize", mat))
+        monkeypatch.setattr(hf_attention.autograd, "fused_attention", count("fused", fused))
+        monkeypatch.setattr(hf_attention.autograd, "attention", count("materialize", mat))
 
 
 @pytest.mark.parametrize("pad", [False, True])

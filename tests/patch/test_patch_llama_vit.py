@@ -155,7 +155,7 @@ def test_frozen_patch_embedding_saves_nothing_and_exact_gradients(family):
     model.eval(), patched.eval()
     for m in (model, patched):
         m.get_submodule(f"{family}.embeddings.patch_embeddings.projection").weight.requires_grad_(False)
-        for i, (n, p) in enumerate(m.named_parameters()):
+        for i, p in enumerate(m.parameters()):
             if p.dim() == 2 and i % 2 == 0:
                 p.requires_grad_(False)
     conv = f"{family}.embeddings.patch_embeddings.projection"

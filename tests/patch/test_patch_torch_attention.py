@@ -47,8 +47,8 @@ class Count:
     def __init__(self, monkeypatch):
         self.calls = {"fused": 0, "materialize": 0}
         for name, attr in (("fused", "fused_attention"), ("materialize", "attention")):
-            fn = getattr(torch_attention.sf, attr)
-            monkeypatch.setattr(torch_attention.sf, attr, self._wrap(name, fn))
+            fn = getattr(torch_attention.autograd, attr)
+            monkeypatch.setattr(torch_attention.autograd, attr, self._wrap(name, fn))
 
     def _wrap(self, name, fn):
         def wrapped(*a, **kw):

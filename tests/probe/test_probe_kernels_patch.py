@@ -15,8 +15,15 @@ from slimfit import SlimFitConfig, memory
 from slimfit import autograd as sf
 from slimfit.autograd.sampled_linear import sampled_linear
 from slimfit.kernels import (
-    PrunedTensor, QuantizedTensor, dequantize, dropout_mask, pack_bits, quantize, seeded_dropout, topk_prune,
-    topk_restore, unpack_bits,
+    PrunedTensor,
+    dequantize,
+    dropout_mask,
+    pack_bits,
+    quantize,
+    seeded_dropout,
+    topk_prune,
+    topk_restore,
+    unpack_bits,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -158,7 +165,8 @@ REFERENCE_CASES = [
     ("dequantize-parts",
      lambda: _reference("dequantize")(_Q[0], _Q[1][:1], _Q[2], 8, 32, [64], torch.float32), (ValueError, "groups")),
     ("dequantize-bytes",
-     lambda: _reference("dequantize")(_Q[0][:10], _Q[1], _Q[2], 8, 32, [64], torch.float32), (ValueError, "code bytes")),
+     lambda: _reference("dequantize")(_Q[0][:10], _Q[1], _Q[2], 8, 32, [64], torch.float32),
+     (ValueError, "code bytes")),
     ("quantize-bits", lambda: _reference("quantize")(torch.randn(8), 5, 32, False, 0), (ValueError, "bits")),
     ("restore-index", lambda: _reference("topk_restore")(torch.ones(1, 1), torch.tensor([[7]], dtype=torch.int16), 4),
      (ValueError, "outside")),
@@ -229,7 +237,8 @@ AUTOGRAD_CASES = [
     ("sampled-nan-weight-grad", lambda: _nan_weight_grad(), lambda g: not bool(torch.isfinite(g).all())),
     ("attention-probs", lambda: sf.attention(_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8), probs="int3"),
      (ValueError, "probs")),
-    ("attention-shape", lambda: sf.attention(_x(1, 2, 4, 8), _x(1, 2, 4, 7), _x(1, 2, 4, 8)), (ValueError, "head dims")),
+    ("attention-shape", lambda: sf.attention(_x(1, 2, 4, 8), _x(1, 2, 4, 7), _x(1, 2, 4, 8)),
+     (ValueError, "head dims")),
 ]
 
 

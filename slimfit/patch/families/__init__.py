@@ -39,7 +39,8 @@ class Family:
     notes: tuple = ()  # what a reader of the summary should know (PatchSummary.notes)
 
     def is_ffn_out(self, module_name: str) -> bool:
-        return any(module_name.endswith(s) for s in self.ffn_out_suffixes) and ".attention." not in module_name
+        return (any(module_name.endswith(suffix) for suffix in self.ffn_out_suffixes)
+                and ".attention." not in module_name)
 
     def is_sample_target(self, module_name: str) -> bool:
         """A sampling target, or the base_layer / lora_A of a LoRA-wrapped target (not lora_B:
@@ -47,7 +48,7 @@ class Family:
         if _LORA_B.search(module_name):
             return False
         name = _LORA_SUFFIX.sub("", module_name)
-        return any(name.endswith(s) for s in self.sampled_suffixes)
+        return any(name.endswith(suffix) for suffix in self.sampled_suffixes)
 
 
 # The registry: one line per family file. Order matters only if two families claimed one model_type.
@@ -57,7 +58,7 @@ _registered: list = []
 
 def all_families() -> tuple:
     """Every family: the built-in files, then those `register`ed."""
-    builtin = tuple(importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES)
+    builtin = tuple(importlib.import_module(f"{__name__}.{name}").FAMILY for name in _MODULES)
     return builtin + tuple(_registered)
 
 
@@ -75,17 +76,17 @@ def unregister(family: Family) -> None:
 
 def family_for(model) -> Family | None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for fam in all_families():
-        if model_type in fam.model_types:
-            return fam
+    for family in all_families():
+        if model_type in family.model_types:
+            return family
     return None
 
 
 def known_classes(field: str) -> frozenset:
     """The class names listed under `field` ('swiglu_mlps', 'rmsnorms') by any family."""
-    return frozenset(name for fam in all_families() for name in getattr(fam, field))
+    return frozenset(name for family in all_families() for name in getattr(family, field))
 
 
 def not_compressed() -> dict:
     """Class name -> why slimfit leaves it alone, from every family."""
-    return {cls: reason for fam in all_families() for cls, reason in fam.not_compressed}
+    return {cls: reason for family in all_families() for cls, reason in family.not_compressed}
