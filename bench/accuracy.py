@@ -34,6 +34,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
+  ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
+                    at rate 0.7 the same schedule as +min30)
   ...+abs / +robust scheduler option score="absolute" (mean |ΔW|) / score="robust" (||ΔW|| / ||W||)
                     options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
@@ -132,6 +134,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["score"] = "absolute" if suffix == "abs" else "robust"
         elif suffix.startswith("warm") and suffix[4:].isdigit():
             options["warmup_share"] = int(suffix[4:]) / 100
+        elif suffix == "even":
+            options["min_train_share"] = "even"
         elif suffix.startswith("min") and suffix[3:].isdigit():
             options["min_train_share"] = int(suffix[3:]) / 100
         else:

@@ -48,6 +48,8 @@ _STATE_VERSION = 1
 # Initial scores: seeded uniform in [INIT_LO, 2 * INIT_LO), far above any real score. The
 # explicit "never trained" flag already puts those layers first; the size mirrors SlimFit.
 INIT_LO = 1e6
+# min_train_share="even": every layer trains in the share of layers that train each step.
+EVEN_SHARE = "even"
 # step() calls in a row without an optimizer step before the scheduler warns that it is stuck.
 IDLE_WARNING_CALLS = 10
 
@@ -113,7 +115,11 @@ class ILSScheduler:
             steps (0: the target rate from the start). During the ramp more layers train, so
             activation memory is higher.
         min_train_share: every layer trains in at least this share of the steps so far
-            (layers below it take training slots first, the most starved first); in [0, 1 - rate].
+            (layers below it take training slots first, the most starved first); in [0, 1 - rate],
+            or ``"even"``: the share of layers that train each step (about 1 - rate), so every layer
+            trains equally often (round robin) and the scores only choose among equally trained
+            layers. Under Adam/AdamW the relative scores leave LayerNorm weights, embeddings and
+            Q/K nearly never trained (docs/fidelity.md).
         release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
             moments) of a layer once it has been frozen this many consecutive steps; it restarts
             from fresh state when it trains again. None (default) keeps all state.
@@ -129,7 +135,7 @@ class ILSScheduler:
                  min_frozen_steps: int = 0, seed: int = 0, *, base_bytes: float = 0.0,
                  rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
                  always_train: Iterable[str] = (), frozen_update: str = "none",
-                 warmup_steps: int = 0, min_train_share: float = 0.0,
+                 warmup_steps: int = 0, min_train_share: Union[float, str] = 0.0,
                  release_state_after: Optional[int] = None,
                  distributed: Optional[bool] = None, process_group=None,
                  chunk_numel: int = DEFAULT_CHUNK_NUMEL):
@@ -171,16 +177,19 @@ class ILSScheduler:
             raise ValueError(f"frozen_update must be one of {FROZEN_UPDATES}, got {frozen_update!r}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
-        if not (0.0 <= float(min_train_share) <= 1.0 - float(freeze_rate) + 1e-12):
+        if min_train_share != EVEN_SHARE and (
+                isinstance(min_train_share, (bool, str))
+                or not (0.0 <= float(min_train_share) <= 1.0 - float(freeze_rate) + 1e-12)):
             raise ValueError(f"min_train_share must be in [0, 1 - freeze_rate] = [0, {1 - freeze_rate:g}] "
-                             f"(no more than the share of layers that train each step), got {min_train_share!r}")
+                             f"(no more than the share of layers that train each step) or {EVEN_SHARE!r}, "
+                             f"got {min_train_share!r}")
         if release_state_after is not None and (isinstance(release_state_after, bool)
                                                 or not isinstance(release_state_after, int)
                                                 or release_state_after < 1):
             raise ValueError(f"release_state_after must be None or an int >= 1, got {release_state_after!r}")
         self.frozen_update = frozen_update
         self.warmup_steps = warmup_steps
-        self.min_train_share = float(min_train_share)
+        self.min_train_share = min_train_share if min_train_share == EVEN_SHARE else float(min_train_share)
         self.release_state_after = release_state_after
         self.freeze_rate = float(freeze_rate)
         self.score = score
@@ -513,8 +522,9 @@ class ILSScheduler:
                 must_train = (self._trained & (self._age < self.min_trained_steps)).tolist()
             if self.min_frozen_steps > 0:
                 must_freeze = (~self._trained & self._seen & (self._age < self.min_frozen_steps)).tolist()
-            if self.min_train_share > 0:
-                order, starved = starved_first(order, self._train_count, self._step, self.min_train_share)
+            share = n_train / L if self.min_train_share == EVEN_SHARE else self.min_train_share
+            if share > 0:
+                order, starved = starved_first(order, self._train_count, self._step, share)
                 if starved:
                     must_train = [a or b for a, b in zip(must_train or [False] * L, starved)]
         room = None

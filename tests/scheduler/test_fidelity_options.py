@@ -127,6 +127,32 @@ def test_min_train_share_guarantees_every_layer_its_share():
     assert guarded.sum() == plain.sum()   # same number of trained slots
 
 
+def test_even_share_is_round_robin():
+    """min_train_share="even": every layer trains equally often (within one step), whatever the scores."""
+    L, steps = 10, 40
+
+    class Bank(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.ParameterList([nn.Parameter(torch.ones(2, 2)) for _ in range(L)])
+
+    bank = Bank()
+    sched = ILSScheduler(bank, 0.7, min_train_share="even")
+    sched.apply()
+    trained = torch.zeros(L)
+    for _ in range(steps):
+        with torch.no_grad():
+            for i, p in enumerate(bank.w):
+                if p.requires_grad:
+                    trained[i] += 1
+                    p.mul_(1.0 + 0.001 * (i + 1))   # layer i always scores higher than i-1
+        assert sched.num_frozen == 7
+        sched.step()
+    assert trained.sum() == 3 * steps
+    assert trained.max() - trained.min() <= 1          # 12 each: 40 steps x 3 slots / 10 layers
+    assert sched.state_dict()["config"]["min_train_share"] == "even"
+
+
 def test_option_errors():
     model = MLP()
     with pytest.raises(ValueError, match="frozen_update"):
@@ -135,6 +161,9 @@ def test_option_errors():
         ILSScheduler(model, 0.5, warmup_steps=-1)
     with pytest.raises(ValueError, match="min_train_share"):
         ILSScheduler(model, 0.9, min_train_share=0.2)
+    for bad in ("uneven", True):
+        with pytest.raises(ValueError, match="min_train_share"):
+            ILSScheduler(model, 0.5, min_train_share=bad)
     with pytest.raises(ValueError, match="release_state_after"):
         ILSScheduler(model, 0.5, release_state_after=0)
 
