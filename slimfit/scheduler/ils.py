@@ -39,8 +39,8 @@ from .candidates import TASK_HEAD, drop_always_trained, find_candidates, resolve
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .optim import FROZEN_UPDATES, FrozenGradGuard, check_optimizer_coverage
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
-from .sharded import is_sharded, local_tensor, sharded_scores
 from .selection import ROUNDINGS, choose_trained, num_frozen, starved_first, training_order
+from .sharded import is_sharded, local_tensor, sharded_scores
 
 __all__ = ["ILSScheduler"]
 
@@ -429,7 +429,8 @@ class ILSScheduler:
         self._seen = torch.as_tensor(state["seen"], dtype=torch.bool).clone().reshape(L)
         self._trained = torch.as_tensor(state["trained"], dtype=torch.bool).clone().reshape(L)
         self._age = torch.as_tensor(state["age"], dtype=torch.long).clone().reshape(L)
-        self._train_count = torch.as_tensor(state.get("train_count", torch.zeros(L)), dtype=torch.long).clone().reshape(L)
+        counts = state.get("train_count", torch.zeros(L))
+        self._train_count = torch.as_tensor(counts, dtype=torch.long).clone().reshape(L)
         self._zero_flags = [bool(f) for f in state.get("zero_flags", [False] * L)]
         self._step = int(state["step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
@@ -460,7 +461,10 @@ class ILSScheduler:
         seen = self._seen.nonzero().flatten().tolist()
         if seen:
             seen.sort(key=lambda i: float(self._scores[i]))
-            fmt = lambda i: f"{self.names[i]}={float(self._scores[i]):.3g}{'' if self._trained[i] else ' (frozen)'}"
+
+            def fmt(i: int) -> str:
+                return f"{self.names[i]}={float(self._scores[i]):.3g}{'' if self._trained[i] else ' (frozen)'}"
+
             lines.append("  lowest:  " + ", ".join(fmt(i) for i in seen[:top]))
             lines.append("  highest: " + ", ".join(fmt(i) for i in seen[::-1][:top]))
         lines.append("  training: " + ", ".join(self.trained_names()[: max(top, 8)])

@@ -48,7 +48,8 @@ def unwrap_optimizer(optimizer) -> torch.optim.Optimizer:
         else:
             break
     if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(f"expected a torch.optim.Optimizer (or a wrapper with .optimizer), got {type(optimizer).__name__}")
+        raise TypeError("expected a torch.optim.Optimizer (or a wrapper with .optimizer), "
+                        f"got {type(optimizer).__name__}")
     return opt
 
 

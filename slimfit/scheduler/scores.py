@@ -291,7 +291,7 @@ def _run(kinds, olds, news, chunk_numel, collective) -> torch.Tensor:
                 vals = _FNS[kind]([olds[i].detach() for i in chunk], [news[i].detach() for i in chunk])
                 per_device[dev].append((chunk, vals.to(torch.float64)))
         out = torch.empty(n, dtype=torch.float64)
-        for dev, parts in per_device.items():
+        for parts in per_device.values():
             vals = torch.cat([v for _, v in parts])
             if collective is not None:
                 vals = collective(vals)

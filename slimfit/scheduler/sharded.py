@@ -2,10 +2,11 @@
 
 Under ``fully_shard`` every parameter is a DTensor whose rank-local piece is ``to_local()``.
 A score is a ratio of sums over all entries (relative: Σ|ΔW/W_old| over the entries with
-W_old != 0 and their count; robust: Σ ΔW² and Σ W_old²; absolute: Σ|ΔW| and the entry count), so each rank computes the partial
-sums of its shard, one ``all_reduce(SUM)`` of a (layers x 3) tensor adds them, and every rank
-finishes the same ratios: the same scores everywhere, no broadcast needed. Parameters that
-are not sharded (replicated on every rank) are counted on the group's first rank only.
+W_old != 0 and their count; robust: Σ ΔW² and Σ W_old²; absolute: Σ|ΔW| and the entry count),
+so each rank computes the partial sums of its shard, one ``all_reduce(SUM)`` of a (layers x 3)
+tensor adds them, and every rank finishes the same ratios: the same scores everywhere, no
+broadcast needed. Parameters that are not sharded (replicated on every rank) are counted on
+the group's first rank only.
 
 Snapshots of sharded layers are kept as local shards: a rank holds 1/world of W_old.
 """

@@ -3,11 +3,10 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from _models import MLP, regression_data
 from _two_ranks import init_worker
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def run(rank, world, port, outdir, steps):

@@ -3,7 +3,6 @@ import os
 
 import torch
 import torch.distributed as dist
-
 from _models import MLP, regression_data
 from _two_ranks import init_worker
 

@@ -43,5 +43,5 @@ def run_two_ranks(worker, outdir, steps: int, what: str, timeout_s: float = 240)
         results = [os.path.join(outdir, f"rank{r}.pt") for r in (0, 1)]
         if exc.signal_name is None or not all(os.path.isfile(f) for f in results):
             raise
-        warnings.warn(f"{what}: a worker died at teardown after saving its results ({exc})")
+        warnings.warn(f"{what}: a worker died at teardown after saving its results ({exc})", stacklevel=2)
     return tuple(torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in (0, 1))

@@ -4,7 +4,6 @@ import sys
 
 import pytest
 import torch
-
 from _models import bert_batch, tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +18,7 @@ def test_scheduler_works_without_transformers(monkeypatch):
     s = S.ILSScheduler(m, freeze_rate=0.5)
     s.step()
     with pytest.raises(ImportError):
-        S.SlimFitCallback
+        _ = S.SlimFitCallback
 
 
 def test_scheduler_modules_do_not_import_kernels_or_autograd():

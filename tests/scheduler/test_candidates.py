@@ -1,11 +1,10 @@
 """Which parameters are layers, and the errors for inputs that cannot work."""
 import pytest
 import torch
+from _models import MLP
 from torch import nn
 
 from slimfit.scheduler import ILSScheduler, find_candidates
-
-from _models import MLP
 
 
 class RMSNorm(nn.Module):

@@ -2,9 +2,9 @@
 import pytest
 import torch
 import torch.distributed as dist
+from _two_ranks import run_two_ranks
 from torch import nn
 
-from _two_ranks import run_two_ranks
 from slimfit.scheduler import ILSScheduler
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),

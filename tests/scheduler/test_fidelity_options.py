@@ -2,9 +2,9 @@
 release_state_after, always_train="task_head"."""
 import pytest
 import torch
+from _models import MLP, bert_batch, regression_data, tiny_bert
 from torch import nn
 
-from _models import MLP, bert_batch, regression_data, tiny_bert
 from slimfit.scheduler import ILSScheduler
 
 

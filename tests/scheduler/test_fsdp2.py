@@ -4,7 +4,6 @@ per-shard sums and makes the same decision on every rank."""
 import pytest
 import torch
 import torch.distributed as dist
-
 from _two_ranks import run_two_ranks
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),

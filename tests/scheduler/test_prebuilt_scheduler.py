@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 import torch
-
 from _models import bert_batch, tiny_bert
+
 from slimfit.scheduler import ILSScheduler
 
 
@@ -84,7 +84,7 @@ def test_gradient_accumulation_does_not_warn():
     batch = bert_batch()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for step in range(3):
+        for _step in range(3):
             for _ in range(12):          # micro-batches: step() per micro-batch is tolerated
                 model(**batch).loss.backward()
                 sched.step()
@@ -95,10 +95,10 @@ def test_gradient_accumulation_does_not_warn():
 
 
 def test_trainer_with_prebuilt_scheduler_trains_every_layer(tmp_path):
+    from test_callback import _DS
     from transformers import Trainer, TrainingArguments
 
     from slimfit.scheduler import SlimFitCallback
-    from test_callback import _DS
 
     model = tiny_bert()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -118,11 +118,11 @@ def test_trainer_with_prebuilt_scheduler_trains_every_layer(tmp_path):
 
 
 def test_trainer_callback_with_config_patches_and_schedules(tmp_path):
+    from test_callback import _DS
     from transformers import Trainer, TrainingArguments
 
     import slimfit
     from slimfit.scheduler import SlimFitCallback
-    from test_callback import _DS
 
     model = tiny_bert()
     cb = SlimFitCallback(config=slimfit.SlimFitConfig.paper(), freeze_rate=0.8)

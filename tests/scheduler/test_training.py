@@ -3,11 +3,10 @@ import io
 
 import pytest
 import torch
+from _models import MLP, bert_batch, regression_data, tiny_bert
 from torch import nn
 
 from slimfit.scheduler import ILSScheduler, estimate_activation_bytes, min_rate_for_budget
-
-from _models import MLP, bert_batch, regression_data, tiny_bert
 
 
 def _mlp_setup(rate=0.6, seed=0, **kw):
