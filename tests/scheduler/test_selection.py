@@ -136,7 +136,7 @@ def test_choose_trained_budget_and_soft_constraints():
 def test_min_trained_and_frozen_steps():
     L = 10
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=0.8, min_trained_steps=3)
+    s = ILSScheduler(bank, freeze_rate=0.8, min_trained_steps=3, min_train_share=0.0)
     first = s.trained_names()
     for _ in range(2):
         move(bank, s, [1e-3] * L)
@@ -147,7 +147,7 @@ def test_min_trained_and_frozen_steps():
     assert set(s.trained_names()).isdisjoint(first)
 
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=0.5, min_frozen_steps=3)
+    s = ILSScheduler(bank, freeze_rate=0.5, min_frozen_steps=3, min_train_share=0.0)
     rel = [0.001 * (i + 1) for i in range(L)]
     for _ in range(2):                           # round robin 5 + 5
         move(bank, s, rel)
