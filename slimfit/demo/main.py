@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "moments (as SlimFit's published code did) (ILSScheduler frozen_update)")
     p.add_argument("--head-every-step", action="store_true",
                    help="leave the fresh classifier head out of scheduling: it trains every step")
+    p.add_argument("--scores-only", action="store_true",
+                   help="SlimFit's own schedule: the scores alone pick the trained layers (ILSScheduler "
+                        "min_train_share=0); by default every layer trains equally often and the scores order it")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -105,14 +108,15 @@ def run(args) -> int:
         print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
     results.append(finetune(model_dir, train, test, preset=args.preset,
                             always_train="task_head" if args.head_every_step else (),
-                            scheduler_options={"frozen_update": args.frozen_update}, **common))
+                            scheduler_options={"frozen_update": args.frozen_update,
+                                               "min_train_share": 0.0 if args.scores_only else "even"}, **common))
     print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
     print()
     print(render(results))
     if args.rate > 0:
         share = 1 - args.rate
-        print(f"\nAt rate {args.rate} each layer trains in about {share:.0%} of the steps ({share * args.steps:.0f} of "
-              f"{args.steps} here)"
+        print(f"\nAt rate {args.rate} each layer trains in {'on average ' if args.scores_only else ''}about "
+              f"{share:.0%} of the steps ({share * args.steps:.0f} of {args.steps} here)"
               + ("; the classifier head trains every step" if args.head_every_step else "")
               + ("" if args.frozen_update == "none" else "; frozen layers keep moving by their AdamW moments")
               + " (bench/results/accuracy_text_cpu.md in the source tree).")
