@@ -14,12 +14,15 @@ import torch
 class RunResult:
     name: str
     accuracy: float
-    saved_bytes: int | None          # bytes autograd saved for one training step (CPU accounting)
+    saved_bytes: int | None          # bytes autograd saved for one training step (CPU accounting), final frozen set
     peak_bytes: int | None           # torch.cuda.max_memory_allocated over training (GPU)
     step_ms: float                   # median training-step time
     frozen_share: float              # mean share of scheduled layers frozen per step
     losses: list = field(default_factory=list)
     trainable_params: int = 0        # parameters that require grad when training starts
+    # the most of saved_bytes over the frozen sets of `saved_samples` evenly spaced steps and the final one
+    # (the scheduler's trained set changes from step to step); None when not sampled
+    saved_bytes_max: int | None = None
 
 
 @dataclass
@@ -127,11 +130,12 @@ def count_labels(train, test) -> int:
 
 def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.9, steps: int,
              batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
-             prepare: Callable | None = None, always_train=(), scheduler_options: dict | None = None) -> RunResult:
+             prepare: Callable | None = None, always_train=(), scheduler_options: dict | None = None,
+             saved_samples: int = 0) -> RunResult:
     """Fine-tune from `model_dir`; preset None = plain PyTorch, else slimfit with that preset and
     the freezing scheduler at `rate` (with `always_train` and `scheduler_options`, see prepare_preset);
     or any method given as `prepare(model, seed) -> Prepared`.
-    Same seed, same batches, same head initialisation."""
+    Same seed, same batches, same head initialisation. `saved_samples`: see train_and_evaluate."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     prepare = prepare or prepare_preset(preset, rate, always_train, scheduler_options)
@@ -145,15 +149,19 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
         return _encode(tokenizer, [train[i] for i in indices], max_length, device)
 
     return train_and_evaluate(prepared, make_batch, len(train), steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                              device=device, progress=progress,
+                              device=device, progress=progress, saved_samples=saved_samples,
                               evaluate_fn=lambda m: evaluate(m, tokenizer, test, max_length, device, progress=progress))
 
 
 def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *, steps: int, batch_size: int,
-                       lr: float, seed: int, device: str, progress: bool, evaluate_fn: Callable) -> RunResult:
+                       lr: float, seed: int, device: str, progress: bool, evaluate_fn: Callable,
+                       saved_samples: int = 0) -> RunResult:
     """The training loop shared by the text and image runs: AdamW over `steps` seeded batches
     (`make_batch(indices)` -> forward keywords), the scheduler if any, then the saved bytes of one
-    step on a fixed batch (final frozen state), the peak GPU memory and `evaluate_fn(model)`."""
+    step on a fixed batch (final frozen state), the peak GPU memory and `evaluate_fn(model)`.
+    `saved_samples` > 0 (with a scheduler): the same measurement also after that many evenly spaced
+    steps, for the most over the run (`saved_bytes_max`); the RNG state is restored around each, so
+    training is the same as without."""
     from slimfit import memory
 
     model, scheduler = prepared.model, prepared.scheduler
@@ -171,9 +179,18 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
             batch.update(prepared.on_batch(indices) or {})
         return batch
 
+    fixed = list(range(batch_size))
+    sample_at = set()
+    if saved_samples > 0 and scheduler is not None:
+        sample_at = {round((i + 1) * steps / (saved_samples + 1)) for i in range(saved_samples)}
+    sampled = []
+
     model.train()
     times, losses, frozen = [], [], []
-    for indices in _progress(_batches(n_train, batch_size, steps, seed), steps, prepared.name, progress):
+    for step, indices in enumerate(_progress(_batches(n_train, batch_size, steps, seed), steps, prepared.name,
+                                             progress)):
+        if step in sample_at:
+            sampled.append(_saved_bytes_keeping_rng(model, batch_with_extras(fixed), device))
         batch = batch_with_extras(indices)
         start = time.perf_counter()
         loss = model(**batch).loss
@@ -190,11 +207,27 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
     # Saved-activation bytes of one training step on a fixed batch, in the final frozen state.
-    saved = memory.measure(model, **batch_with_extras(list(range(batch_size)))).total
+    saved = memory.measure(model, **batch_with_extras(fixed)).total
     optimizer.zero_grad(set_to_none=True)
 
     accuracy = evaluate_fn(model)
     warm = times[min(3, len(times) - 1):] or times
     return RunResult(name=prepared.name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
                      step_ms=1000 * statistics.median(warm), frozen_share=statistics.mean(frozen) if frozen else 0.0,
-                     losses=losses, trainable_params=sum(p.numel() for p in params))
+                     losses=losses, trainable_params=sum(p.numel() for p in params),
+                     saved_bytes_max=max(sampled + [saved]) if sampled else None)
+
+
+def _saved_bytes_keeping_rng(model, batch: dict, device: str) -> int:
+    """Saved bytes of one step on `batch` with the current frozen set; the RNG states (dropout masks,
+    slimfit's seeds) are put back, so the training run goes on as if nothing had been measured."""
+    from slimfit import memory
+
+    cpu_state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state() if device.startswith("cuda") else None
+    try:
+        return memory.measure(model, **batch).total
+    finally:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state)
