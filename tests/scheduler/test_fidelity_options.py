@@ -99,57 +99,38 @@ def test_warmup_ramps_the_rate():
     assert counts == [0, 2, 5, 7, 9, 9]
 
 
-def test_min_train_share_guarantees_every_layer_its_share():
-    L, steps, share = 10, 40, 0.05
-
-    class Bank(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.ParameterList([nn.Parameter(torch.ones(2, 2)) for _ in range(L)])
-
-    def run(min_share):
-        bank = Bank()
-        sched = ILSScheduler(bank, 0.8, min_train_share=min_share)
-        sched.apply()
-        trained = torch.zeros(L)
-        for _ in range(steps):
-            with torch.no_grad():
-                for i, p in enumerate(bank.w):
-                    if p.requires_grad:
-                        trained[i] += 1
-                        p.mul_(1.0 + 0.001 * (i + 1))   # layer i always scores higher than i-1
-            sched.step()
-        return trained
-
-    plain = run(0.0)
-    assert plain.min() < share * steps    # without the floor the low scorers starve
-    guarded = run(share)
-    assert guarded.min() >= share * steps
-    assert guarded.sum() == plain.sum()   # same number of trained slots
-
-
-def test_even_share_is_round_robin():
-    """min_train_share="even": every layer trains equally often (within one step), whatever the scores."""
-    L, steps = 10, 40
-
-    class Bank(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.ParameterList([nn.Parameter(torch.ones(2, 2)) for _ in range(L)])
-
-    bank = Bank()
-    sched = ILSScheduler(bank, 0.7, min_train_share="even")
+def _train_counts(rate, min_share, layers=10, steps=40):
+    """Steps each of `layers` equal layers trained in, when layer i always scores higher than layer i-1,
+    and the scheduler (built with `min_share`) after the last step."""
+    bank = nn.Module()
+    bank.w = nn.ParameterList([nn.Parameter(torch.ones(2, 2)) for _ in range(layers)])
+    sched = ILSScheduler(bank, rate, min_train_share=min_share)
     sched.apply()
-    trained = torch.zeros(L)
+    trained = torch.zeros(layers)
     for _ in range(steps):
         with torch.no_grad():
             for i, p in enumerate(bank.w):
                 if p.requires_grad:
                     trained[i] += 1
                     p.mul_(1.0 + 0.001 * (i + 1))   # layer i always scores higher than i-1
-        assert sched.num_frozen == 7
+        assert sched.num_frozen == round(rate * layers)
         sched.step()
-    assert trained.sum() == 3 * steps
+    return trained, sched
+
+
+def test_min_train_share_guarantees_every_layer_its_share():
+    steps, share = 40, 0.05
+    plain, _ = _train_counts(0.8, 0.0, steps=steps)
+    assert plain.min() < share * steps    # without the floor the low scorers starve
+    guarded, _ = _train_counts(0.8, share, steps=steps)
+    assert guarded.min() >= share * steps
+    assert guarded.sum() == plain.sum()   # same number of trained slots
+
+
+def test_even_share_is_round_robin():
+    """min_train_share="even": every layer trains equally often (within one step), whatever the scores."""
+    trained, sched = _train_counts(0.7, "even", steps=40)
+    assert trained.sum() == 3 * 40
     assert trained.max() - trained.min() <= 1          # 12 each: 40 steps x 3 slots / 10 layers
     assert sched.state_dict()["config"]["min_train_share"] == "even"
 
