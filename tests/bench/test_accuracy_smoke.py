@@ -9,19 +9,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from _bench_assets import minilm_present  # noqa: E402
+
 from bench import accuracy  # noqa: E402
-from slimfit.demo.assets import MissingAsset, minilm_dir  # noqa: E402
+from slimfit.demo.assets import MissingAsset  # noqa: E402
 
-
-def _assets_present() -> bool:
-    try:
-        minilm_dir()
-        return True
-    except MissingAsset:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _assets_present(),
+pytestmark = pytest.mark.skipif(not minilm_present(),
                                 reason="offline assets not installed (bash scripts/setup.sh test)")
 
 

@@ -7,19 +7,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from _bench_assets import minilm_present  # noqa: E402
+
 from bench import train_shares  # noqa: E402
-from slimfit.demo.assets import MissingAsset, minilm_dir  # noqa: E402
 
 
-def _assets_present() -> bool:
-    try:
-        minilm_dir()
-        return True
-    except MissingAsset:
-        return False
-
-
-@pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh test)")
+@pytest.mark.skipif(not minilm_present(), reason="offline assets not installed (bash scripts/setup.sh test)")
 def test_quick_run_counts_every_layer(tmp_path):
     assert train_shares.main(["--quick", "--no-progress", "--specs", "paper@0.7+even", "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "train_shares_cpu.csv", newline="") as fh:
