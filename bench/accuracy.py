@@ -35,9 +35,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
-                    at rate 0.7 nearly the schedule of +min30). ILSScheduler's default since 2026-11-24; a spec
-                    without +even / +minNN runs SlimFit's own schedule (min_train_share=0, the scores alone),
-                    as all rows before that date were measured
+                    at rate 0.7 nearly the schedule of +min30); without +even / +minNN: SlimFit's own schedule
+                    (min_train_share=0, the scores alone; ILSScheduler's default)
   ...+abs / +robust scheduler option score="absolute" (mean |ΔW|) / score="robust" (||ΔW|| / ||W||)
                     options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
@@ -152,8 +151,7 @@ def method_prepare(spec: str, steps: int = 0):
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
     sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
-    # A spec without +even / +minNN runs SlimFit's own schedule (the scores alone), as every row before
-    # 2026-11-24 was measured; the scheduler's default since then is min_train_share="even" (+even).
+    # A spec without +even / +minNN runs SlimFit's own schedule (the scores alone, ILSScheduler's default).
     sched_kwargs.setdefault("min_train_share", 0.0)
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)

@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "moments (as SlimFit's published code did) (ILSScheduler frozen_update)")
     p.add_argument("--head-every-step", action="store_true",
                    help="leave the fresh classifier head out of scheduling: it trains every step")
-    p.add_argument("--scores-only", action="store_true",
-                   help="SlimFit's own schedule: the scores alone pick the trained layers (ILSScheduler "
-                        "min_train_share=0); by default every layer trains equally often and the scores order it")
+    p.add_argument("--even-shares", action="store_true",
+                   help="every layer trains equally often, the scores ordering it (ILSScheduler "
+                        "min_train_share='even'); by default the scores alone pick the trained layers (SlimFit's rule)")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -81,8 +81,8 @@ def _scheduler_options(args) -> dict:
     options = {}
     if args.frozen_update != "none":
         options["frozen_update"] = args.frozen_update
-    if args.scores_only:
-        options["min_train_share"] = 0.0
+    if args.even_shares:
+        options["min_train_share"] = "even"
     return options
 
 
@@ -135,7 +135,7 @@ def run(args) -> int:
     print(render(results))
     if args.rate > 0:
         share = 1 - args.rate
-        print(f"\nAt rate {args.rate} each layer trains in {'on average ' if args.scores_only else ''}about "
+        print(f"\nAt rate {args.rate} each layer trains in {'' if args.even_shares else 'on average '}about "
               f"{share:.0%} of the steps ({share * args.steps:.0f} of {args.steps} here)"
               + ("; the classifier head trains every step" if args.head_every_step else "")
               + ("" if args.frozen_update == "none" else "; frozen layers keep moving by their AdamW moments")
