@@ -120,7 +120,7 @@ class ILSScheduler:
             trains equally often (round robin) and the scores only choose among equally trained
             layers. 0 (default) is SlimFit's own schedule, the scores alone: under Adam/AdamW its
             relative score leaves LayerNorm weights, embeddings and Q/K nearly never trained. "even"
-            did better on Rotten Tomatoes at 500 steps (5 seeds) and worse on a 16-class task and
+            did better on Rotten Tomatoes at 500 steps (6 seeds) and worse on a 16-class task and
             Fashion-MNIST (seed 0), so it is not the default (docs/fidelity.md).
         release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
             moments) of a layer once it has been frozen this many consecutive steps; it restarts
