@@ -151,8 +151,6 @@ def method_prepare(spec: str, steps: int = 0):
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
     sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
-    # A spec without +even / +minNN runs SlimFit's own schedule (the scores alone, ILSScheduler's default).
-    sched_kwargs.setdefault("min_train_share", 0.0)
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
     if name == "full":

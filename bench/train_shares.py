@@ -53,8 +53,8 @@ def run_spec(spec: str, args) -> tuple[float, list[tuple[str, int, float]]]:
     sched = kept["scheduler"]
     if sched is None:
         raise SystemExit(f"{spec!r} has no scheduler: give a scheduled method (paper@R, exact@R, ...)")
-    counts, scores = sched._train_count.tolist(), sched.layer_scores()
-    return result.accuracy, [(name, count, scores[name]) for name, count in zip(sched.names, counts)]
+    counts, scores = sched.train_counts(), sched.layer_scores()
+    return result.accuracy, [(name, count, scores[name]) for name, count in counts.items()]
 
 
 def render(rows: list[dict], header: str) -> str:

@@ -285,6 +285,10 @@ class ILSScheduler:
     def trained_names(self) -> list[str]:
         return [n for n, t in zip(self.names, self._trained.tolist()) if t]
 
+    def train_counts(self) -> dict[str, int]:
+        """Steps each layer has trained in so far (what min_train_share works from)."""
+        return dict(zip(self.names, self._train_count.tolist()))
+
     def layer_scores(self) -> dict[str, float]:
         """Current score of every layer (stale for frozen ones; initial random for never-trained)."""
         return dict(zip(self.names, self._scores.tolist()))

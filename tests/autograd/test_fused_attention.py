@@ -120,7 +120,9 @@ def test_transposed_views_quantized_in_memory_order_without_a_copy():
     q, k, v = (t.transpose(1, 2) for t in leaves)                       # (B, H, S, D) views
 
     class Copies(TorchDispatchMode):
-        seen: list = []
+        def __init__(self):
+            super().__init__()
+            self.seen = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func in (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):

@@ -133,6 +133,7 @@ def test_even_share_is_round_robin():
     assert trained.sum() == 3 * 40
     assert trained.max() - trained.min() <= 1          # 12 each: 40 steps x 3 slots / 10 layers
     assert sched.state_dict()["config"]["min_train_share"] == "even"
+    assert list(sched.train_counts().values()) == trained.long().tolist()
 
 
 def test_option_errors():
