@@ -37,6 +37,9 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
                     at rate 0.7 nearly the schedule of +min30); without +even / +minNN: SlimFit's own schedule
                     (min_train_share=0, the scores alone; ILSScheduler's default)
+  ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
+                    the share of steps it trained so far, capped at 1 / (1 - rate): the same path as full
+                    fine-tuning in fewer steps)
   ...+abs / +robust scheduler option score="absolute" (mean |ΔW|) / score="robust" (||ΔW|| / ||W||)
                     options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
@@ -119,7 +122,7 @@ SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
-    (rate warm-up over NN% of the steps), +minNN (every layer trains in at least NN% of the steps), +abs / +robust
+    (rate warm-up over NN% of the steps), +scale (update_scale="share"), +minNN (every layer trains in at least NN% of the steps), +abs / +robust
     (the scheduler's score)."""
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
@@ -137,6 +140,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["warmup_share"] = int(suffix[4:]) / 100
         elif suffix == "even":
             options["min_train_share"] = "even"
+        elif suffix == "scale":
+            options["update_scale"] = "share"
         elif suffix.startswith("min") and suffix[3:].isdigit():
             options["min_train_share"] = int(suffix[3:]) / 100
         else:

@@ -50,6 +50,9 @@ _STATE_VERSION = 1
 INIT_LO = 1e6
 # min_train_share="even": every layer trains in the share of layers that train each step.
 EVEN_SHARE = "even"
+# update_scale: "none" leaves the optimizer's updates as they are; "share" scales each update of a
+# scheduled layer by the inverse of its share of the steps so far (see the class docstring).
+UPDATE_SCALES = ("none", "share")
 # step() calls in a row without an optimizer step before the scheduler warns that it is stuck.
 IDLE_WARNING_CALLS = 10
 
@@ -122,6 +125,13 @@ class ILSScheduler:
             relative score leaves LayerNorm weights, embeddings and Q/K nearly never trained. "even"
             did better on Rotten Tomatoes at 500 steps (6 seeds) and worse on a 16-class task and
             Fashion-MNIST (seed 0), so it is not the default (docs/fidelity.md).
+        update_scale: ``"none"`` (default): the optimizer's update is left as it is. ``"share"``:
+            right after the optimizer's step, each trained layer's update (its weights minus the
+            snapshot) is multiplied by steps so far / steps that layer trained, capped at
+            layers / trained layers, so a layer that trains one step in three moves about as far
+            as under full fine-tuning (Adam's step size does not grow with the gradient, so fewer
+            updates otherwise mean a shorter path). One in-place lerp per trained layer; the
+            scores are taken from the unscaled update.
         release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
             moments) of a layer once it has been frozen this many consecutive steps; it restarts
             from fresh state when it trains again. None (default) keeps all state.
@@ -138,7 +148,7 @@ class ILSScheduler:
                  rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
                  always_train: Iterable[str] = (), frozen_update: str = "none",
                  warmup_steps: int = 0, min_train_share: Union[float, str] = 0.0,
-                 release_state_after: Optional[int] = None,
+                 release_state_after: Optional[int] = None, update_scale: str = "none",
                  distributed: Optional[bool] = None, process_group=None,
                  chunk_numel: int = DEFAULT_CHUNK_NUMEL):
         # ---- what to schedule
@@ -185,6 +195,8 @@ class ILSScheduler:
             raise ValueError(f"min_train_share must be in [0, 1 - freeze_rate] = [0, {1 - freeze_rate:g}] "
                              f"(no more than the share of layers that train each step) or {EVEN_SHARE!r}, "
                              f"got {min_train_share!r}")
+        if update_scale not in UPDATE_SCALES:
+            raise ValueError(f"update_scale must be one of {UPDATE_SCALES}, got {update_scale!r}")
         if release_state_after is not None and (isinstance(release_state_after, bool)
                                                 or not isinstance(release_state_after, int)
                                                 or release_state_after < 1):
@@ -193,6 +205,7 @@ class ILSScheduler:
         self.warmup_steps = warmup_steps
         self.min_train_share = min_train_share if min_train_share == EVEN_SHARE else float(min_train_share)
         self.release_state_after = release_state_after
+        self.update_scale = update_scale
         self.freeze_rate = float(freeze_rate)
         self.score = score
         self.rounding = rounding
@@ -360,6 +373,7 @@ class ILSScheduler:
             self._opt_steps_seen = self._guard.steps
             self._idle_calls = 0
         idx = self._trained.nonzero().flatten().tolist()
+        factors = self._update_factors(idx)
         if idx:
             flags = [self._zero_flags[i] for i in idx]
             # CPU: the scoring pass refreshes the snapshots while the blocks are in cache.
@@ -373,6 +387,8 @@ class ILSScheduler:
             for i, f in zip(idx, flags):
                 self._zero_flags[i] = f
             it = torch.tensor(idx, dtype=torch.long)
+            if factors is not None:   # every score is linear in the update: score the unscaled one
+                vals = vals.to(torch.float64) / torch.tensor(factors, dtype=torch.float64)
             self._scores[it] = vals
             self._seen[it] = True
         else:
@@ -503,7 +519,8 @@ class ILSScheduler:
                 "base_bytes": self.base_bytes, "min_trained_steps": self.min_trained_steps,
                 "min_frozen_steps": self.min_frozen_steps, "seed": self.seed,
                 "frozen_update": self.frozen_update, "warmup_steps": self.warmup_steps,
-                "min_train_share": self.min_train_share, "release_state_after": self.release_state_after}
+                "min_train_share": self.min_train_share, "release_state_after": self.release_state_after,
+                "update_scale": self.update_scale}
 
     def _local_scores(self, idx: list[int], flags: list[bool], refresh: bool) -> torch.Tensor:
         return compute_scores(
@@ -511,6 +528,23 @@ class ILSScheduler:
             chunk_numel=self.chunk_numel,
             collective=self._dist.broadcast if self._dist is not None else None, zero_flags=flags,
             refresh=refresh)
+
+    @torch.no_grad()
+    def _update_factors(self, idx: list[int]) -> Optional[list[float]]:
+        """update_scale="share": stretch the update each trained layer just took (weights minus
+        snapshot) by its catch-up factor, in place; returns the factors (None: nothing scaled)."""
+        if self.update_scale != "share" or not idx:
+            return None
+        L = self.num_layers
+        cap = L / max(1, L - num_frozen(self.current_rate(), L, self.rounding))
+        steps = self._step + 1                               # counting the step that just ended
+        counts = (self._train_count + self._trained.long()).tolist()
+        factors = [min(cap, steps / counts[i]) for i in idx]
+        for i, f in zip(idx, factors):
+            if f != 1.0:
+                # p + (f - 1) (p - snap) == lerp(p, snap, 1 - f)
+                local_tensor(self.params[i]).lerp_(self._snap[i], 1.0 - f)
+        return factors
 
     def _frozen_params(self) -> list[nn.Parameter]:
         return [p for p, t in zip(self.params, self._trained.tolist()) if not t]
