@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 __all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained",
-           "task_head_names", "TASK_HEAD"]
+           "task_head_names", "TASK_HEAD", "candidate_kinds", "KINDS", "keep_kinds"]
 
 # always_train="task_head": the freshly initialised head of a Hugging Face task model. These are
 # the attribute names transformers gives it on *ForSequenceClassification / *ForImageClassification /
@@ -32,6 +32,10 @@ TASK_HEAD = "task_head"
 TASK_HEAD_MODULES = ("classifier", "score", "qa_outputs")
 
 NamedParams = Sequence[tuple[str, nn.Parameter]]
+
+# The kinds of candidate (candidate_kinds); ILSScheduler(scheduled_kinds=...) schedules some of them.
+KINDS = ("matmul", "norm", "embedding")
+_EMBEDDING_OWNER = re.compile(r"(embed|_token$|^cls_token$|^pos_)", re.IGNORECASE)
 
 _NORM_OWNER = re.compile(r"(norm|^ln$|^ln_|^ln\d)", re.IGNORECASE)
 
@@ -148,6 +152,61 @@ def resolve_layers(model: nn.Module, layers: Iterable) -> list[tuple[str, nn.Par
     if not out:
         raise ValueError("layers: the explicit layer list is empty")
     return out
+
+
+def _is_embedding_module(module: nn.Module) -> bool:
+    """nn.Embedding / nn.EmbeddingBag, or a module whose class says it holds embeddings
+    (ViTEmbeddings, Dinov2Embeddings: position embeddings, class / mask / register tokens)."""
+    return isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or "Embedding" in type(module).__name__
+
+
+def candidate_kinds(model: nn.Module | None, named: NamedParams) -> dict[str, str]:
+    """The kind of each candidate: ``"norm"`` (a norm layer's weight), ``"embedding"`` (an
+    embedding table, position embedding or token that no other kind of module also uses: a
+    table tied to an LM head is a matmul weight) or ``"matmul"`` (Linear / Conv / Conv1D weights
+    and anything else). The kinds differ in what training them costs: only a matmul weight's
+    gradient needs a saved input the size of the activations.
+
+    Without a model (a parameter list) the names decide: a norm weight as in find_candidates;
+    an embedding when the owner's or the parameter's name contains ``embed`` or ends in
+    ``_token`` (a tied table then counts as an embedding: pass the model)."""
+    if model is None:
+        return {name: _kind_from_name(name, p) for name, p in named}
+    model = unwrap_model(model)
+    owners: dict[int, list[nn.Module]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for _, p in module.named_parameters(recurse=False):
+            if p is not None:
+                owners.setdefault(id(p), []).append(module)
+    kinds = {}
+    for name, p in named:
+        mods = owners.get(id(p), [])
+        if mods and all(is_norm_module(m) for m in mods):
+            kinds[name] = "norm"
+        elif mods and all(_is_embedding_module(m) for m in mods):
+            kinds[name] = "embedding"
+        else:
+            kinds[name] = "matmul"
+    return kinds
+
+
+def _kind_from_name(name: str, p: torch.Tensor) -> str:
+    if p.dim() == 1 and _looks_like_norm_weight(name):
+        return "norm"
+    parts = name.split(".")
+    if any(_EMBEDDING_OWNER.search(part) for part in parts[-2:]):
+        return "embedding"
+    return "matmul"
+
+
+def keep_kinds(named: NamedParams, kinds: dict[str, str], scheduled: Sequence[str]) -> list[tuple[str, nn.Parameter]]:
+    """``named`` restricted to the kinds in ``scheduled``; ValueError when nothing is left."""
+    kept = [(n, p) for n, p in named if kinds[n] in scheduled]
+    if not kept:
+        present = sorted(set(kinds.values()))
+        raise ValueError(f"scheduled_kinds={tuple(scheduled)} leaves no layer to schedule: the candidates are of "
+                         f"kinds {present}")
+    return kept
 
 
 def task_head_names(model: nn.Module) -> list[str]:

@@ -35,7 +35,17 @@ import torch
 from torch import nn
 
 from . import budget as _budget
-from .candidates import TASK_HEAD, drop_always_trained, find_candidates, resolve_layers, task_head_names, unwrap_model
+from .candidates import (
+    KINDS,
+    TASK_HEAD,
+    candidate_kinds,
+    drop_always_trained,
+    find_candidates,
+    keep_kinds,
+    resolve_layers,
+    task_head_names,
+    unwrap_model,
+)
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .optim import FROZEN_UPDATES, FrozenGradGuard, check_optimizer_coverage
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES, compute_scores
@@ -48,6 +58,10 @@ _STATE_VERSION = 1
 # Initial scores: seeded uniform in [INIT_LO, 2 * INIT_LO), far above any real score. The
 # explicit "never trained" flag already puts those layers first; the size mirrors SlimFit.
 INIT_LO = 1e6
+# scheduled_kinds: which kinds of candidate the scheduler freezes and unfreezes; the others
+# train every step. "all" is SlimFit's rule (every candidate).
+ALL_KINDS = "all"
+DEFAULT_SCHEDULED_KINDS = ALL_KINDS
 # min_train_share="even": every layer trains in the share of layers that train each step.
 EVEN_SHARE = "even"
 # update_scale: "none" leaves the optimizer's updates as they are; "share" scales each update of a
@@ -55,6 +69,20 @@ EVEN_SHARE = "even"
 UPDATE_SCALES = ("none", "share")
 # step() calls in a row without an optimizer step before the scheduler warns that it is stuck.
 IDLE_WARNING_CALLS = 10
+
+
+def _resolve_kinds(kinds, explicit_layers: bool) -> tuple[str, ...]:
+    """scheduled_kinds as a tuple in KINDS order. None: the default, except that an explicit
+    ``layers`` list is scheduled whole."""
+    if kinds is None:
+        kinds = ALL_KINDS if explicit_layers else DEFAULT_SCHEDULED_KINDS
+    if kinds == ALL_KINDS:
+        return KINDS
+    names = [kinds] if isinstance(kinds, str) else list(kinds)
+    bad = [k for k in names if k not in KINDS]
+    if bad or not names:
+        raise ValueError(f"scheduled_kinds must be {ALL_KINDS!r} or a non-empty selection of {KINDS}, got {kinds!r}")
+    return tuple(k for k in KINDS if k in names)
 
 
 class _ApplyOnFirstForward:
@@ -132,6 +160,12 @@ class ILSScheduler:
             as under full fine-tuning (Adam's step size does not grow with the gradient, so fewer
             updates otherwise mean a shorter path). One in-place lerp per trained layer; the
             scores are taken from the unscaled update.
+        scheduled_kinds: which kinds of candidate are scheduled (``candidates.candidate_kinds``):
+            ``"all"`` (SlimFit's rule) or a selection of ``"matmul"`` (Linear / Conv weights, an
+            embedding table tied to an LM head), ``"norm"`` (norm weights) and ``"embedding"``
+            (embedding tables, position embeddings, class tokens). Candidates of the other kinds
+            train every step and do not count in the rate. None: the default below, or every
+            kind when ``layers`` lists the layers explicitly.
         release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
             moments) of a layer once it has been frozen this many consecutive steps; it restarts
             from fresh state when it trains again. None (default) keeps all state.
@@ -149,6 +183,7 @@ class ILSScheduler:
                  always_train: Iterable[str] = (), frozen_update: str = "none",
                  warmup_steps: int = 0, min_train_share: Union[float, str] = 0.0,
                  release_state_after: Optional[int] = None, update_scale: str = "none",
+                 scheduled_kinds: Union[str, Iterable[str], None] = None,
                  distributed: Optional[bool] = None, process_group=None,
                  chunk_numel: int = DEFAULT_CHUNK_NUMEL):
         # ---- what to schedule
@@ -164,6 +199,10 @@ class ILSScheduler:
                 raise TypeError("expected a module or (name, parameter) pairs, e.g. model.named_parameters()")
             named = find_candidates(model_or_named_params)
             check_parallel_wrappers(None, [p for _, p in named])
+        self.scheduled_kinds = _resolve_kinds(scheduled_kinds, explicit_layers=layers is not None)
+        if self.scheduled_kinds != KINDS:
+            module = model_or_named_params if isinstance(model_or_named_params, nn.Module) else None
+            named = keep_kinds(named, candidate_kinds(module, named), self.scheduled_kinds)
         if always_train == TASK_HEAD:
             if not isinstance(model_or_named_params, nn.Module):
                 raise TypeError('always_train="task_head" needs the model, not a parameter list')
@@ -520,7 +559,7 @@ class ILSScheduler:
                 "min_frozen_steps": self.min_frozen_steps, "seed": self.seed,
                 "frozen_update": self.frozen_update, "warmup_steps": self.warmup_steps,
                 "min_train_share": self.min_train_share, "release_state_after": self.release_state_after,
-                "update_scale": self.update_scale}
+                "update_scale": self.update_scale, "scheduled_kinds": list(self.scheduled_kinds)}
 
     def _local_scores(self, idx: list[int], flags: list[bool], refresh: bool) -> torch.Tensor:
         return compute_scores(
