@@ -124,8 +124,9 @@ SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
-    (rate warm-up over NN% of the steps), +scale (update_scale="share"), +minNN (every layer trains in at least NN% of the steps), +abs / +robust
-    (the scheduler's score)."""
+    (rate warm-up over NN% of the steps), +scale (update_scale="share"),
+    +emb / +ln / +lnemb (embeddings / LayerNorms / both train every step), +minNN (every layer trains in
+    at least NN% of the steps), +abs / +robust (the scheduler's score)."""
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
         return "paper+lora", None, {}

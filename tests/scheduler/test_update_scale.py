@@ -46,7 +46,7 @@ def test_scores_are_those_of_the_unscaled_update():
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share="even", update_scale="share")
-    for step in range(6):
+    for _ in range(6):
         trained = [(n, p) for n, p in zip(sched.names, sched.params) if p.requires_grad]
         before = {n: p.detach().clone() for n, p in trained}
         grads = _grads_after_backward(model, x, y)
