@@ -31,8 +31,9 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
-  ...+lnemb         (MiniLM) the embedding tables and every LayerNorm are not scheduled: they train every step;
-                    +emb: the embedding tables only, +ln: the LayerNorms only
+  ...+lnemb         the embeddings (tables, position embeddings, tokens) and the norm weights are not
+                    scheduled: they train every step (scheduled_kinds=("matmul",)); +emb: the embeddings
+                    only, +ln: the norm weights only
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
@@ -121,6 +122,10 @@ SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 
 
+# +emb / +ln / +lnemb: these kinds of candidate train every step (ILSScheduler scheduled_kinds: the rest).
+TRAINED_EVERY_STEP = {"emb": ("matmul", "norm"), "ln": ("matmul", "embedding"), "lnemb": ("matmul",)}
+
+
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
@@ -135,8 +140,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     for suffix in suffixes:
         if suffix == "head":
             options["head"] = True
-        elif suffix in ("lnemb", "ln", "emb"):
-            options[suffix] = True
+        elif suffix in TRAINED_EVERY_STEP:
+            options["scheduled_kinds"] = TRAINED_EVERY_STEP[suffix]
         elif suffix == "mom":
             options["frozen_update"] = "momentum"
         elif suffix in ("abs", "robust"):
@@ -160,15 +165,6 @@ def method_prepare(spec: str, steps: int = 0):
     if options and name not in SCHEDULED:
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
-    # MiniLM (BERT) names: the embedding tables and every LayerNorm (the embeddings' own included)
-    embeddings = tuple(f"bert.embeddings.{t}_embeddings" for t in ("word", "position", "token_type"))
-    norms = ("bert.embeddings.LayerNorm", *(f"bert.encoder.layer.{i}.{part}.LayerNorm"
-                                            for i in range(6) for part in ("attention.output", "output")))
-    both = options.pop("lnemb", False)
-    if options.pop("emb", False) or both:
-        always_train += embeddings
-    if options.pop("ln", False) or both:
-        always_train += norms
     sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
