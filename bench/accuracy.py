@@ -23,6 +23,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   aggressive@R      slimfit aggressive() + scheduler at rate R
   paper_pint8@R     paper() with P saved at int8 instead of recomputed in backward
   paper_gelu8@R     paper() with the GELU input at 8 bits instead of 4
+  paper_lnint8@R    paper() with a trained LayerNorm's x̂ saved at int8 (as when frozen) instead of in full
   paper_code@R      the SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂
                     top-10%, P int8; rows measured before that date under the name paper@R carry this name
   paper_code_ptopk@R  paper_code with P pruned to its top 10% per row (paper() before it took the code's
@@ -112,6 +113,7 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
 VARIANTS = {
     "paper_pint8": SlimFitConfig.paper().with_attention(probs="int8"),
     "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),
+    "paper_lnint8": SlimFitConfig.paper().replace(layernorm="int8"),
     "paper_code": PAPER_CODE,
     "paper_code_ptopk": PAPER_CODE.with_attention(probs="topk", keep_ratio=0.1),
     "aggressive_pint8": SlimFitConfig.aggressive().with_attention(probs="int8"),
