@@ -32,9 +32,12 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
-  ...+lnemb         the embeddings (tables, position embeddings, tokens) and the norm weights are not
-                    scheduled: they train every step (scheduled_kinds=("matmul",)); +emb: the embeddings
-                    only, +ln: the norm weights only
+  ...+all           every candidate is scheduled, the embeddings too (scheduled_kinds="all", SlimFit's rule).
+                    Without it the library's default: embedding tables, position embeddings and tokens
+                    train every step (scheduled_kinds=("matmul", "norm")). Rows measured before
+                    2026-11-24 05:00 UTC scheduled every kind: they carry +all (rows of that morning
+                    named +emb are the default now, +lnemb is +ln, +ln is +all+ln)
+  ...+ln            the norm weights are not scheduled either: they train every step
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
@@ -124,15 +127,16 @@ SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 
 
-# +emb / +ln / +lnemb: these kinds of candidate train every step (ILSScheduler scheduled_kinds: the rest).
-TRAINED_EVERY_STEP = {"emb": ("matmul", "norm"), "ln": ("matmul", "embedding"), "lnemb": ("matmul",)}
+# ILSScheduler(scheduled_kinds=...) of a spec: the library's default (embeddings train every step),
+# +all: every kind scheduled (SlimFit's rule); +ln: the norm weights train every step too.
+SCHEDULED_KINDS_DEFAULT = ("matmul", "norm")
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
     (rate warm-up over NN% of the steps), +scale (update_scale="share"),
-    +emb / +ln / +lnemb (embeddings / LayerNorms / both train every step), +minNN (every layer trains in
+    +all (every kind of layer scheduled), +ln (norm weights train every step), +minNN (every layer trains in
     at least NN% of the steps), +abs / +robust (the scheduler's score)."""
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
@@ -142,8 +146,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     for suffix in suffixes:
         if suffix == "head":
             options["head"] = True
-        elif suffix in TRAINED_EVERY_STEP:
-            options["scheduled_kinds"] = TRAINED_EVERY_STEP[suffix]
+        elif suffix in ("all", "ln"):
+            options[suffix] = True
         elif suffix == "mom":
             options["frozen_update"] = "momentum"
         elif suffix in ("abs", "robust"):
@@ -158,6 +162,11 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["min_train_share"] = int(suffix[3:]) / 100
         else:
             raise SystemExit(f"{spec!r}: unknown option +{suffix} (see the docstring of bench/accuracy.py)")
+    kinds = ("matmul", "norm", "embedding") if options.pop("all", False) else SCHEDULED_KINDS_DEFAULT
+    if options.pop("ln", False):
+        kinds = tuple(k for k in kinds if k != "norm")
+    if kinds != SCHEDULED_KINDS_DEFAULT:
+        options["scheduled_kinds"] = kinds
     return name, rate, options
 
 

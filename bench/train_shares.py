@@ -45,8 +45,12 @@ def run_spec(spec: str, args) -> tuple[float, list[tuple[str, int, float]]]:
     kept = {}
 
     def keep_scheduler(model, seed):
+        from slimfit.scheduler.candidates import find_candidates
+
         prepared = prepare(model, seed)
         kept["scheduler"] = prepared.scheduler
+        # Before the first forward nothing is frozen yet: every candidate still requires grad.
+        kept["candidates"] = [name for name, _ in find_candidates(model)]
         return prepared
 
     result = acc.TextTask(args).run(args.seed, keep_scheduler, args.lr, "cpu", not args.no_progress)
@@ -54,7 +58,9 @@ def run_spec(spec: str, args) -> tuple[float, list[tuple[str, int, float]]]:
     if sched is None:
         raise SystemExit(f"{spec!r} has no scheduler: give a scheduled method (paper@R, exact@R, ...)")
     counts, scores = sched.train_counts(), sched.layer_scores()
-    return result.accuracy, [(name, count, scores[name]) for name, count in counts.items()]
+    # Candidates the scheduler leaves out (scheduled_kinds, always_train) train every step.
+    return result.accuracy, [(name, counts.get(name, args.steps), scores.get(name, float("nan")))
+                             for name in kept["candidates"]]
 
 
 def render(rows: list[dict], header: str) -> str:

@@ -14,8 +14,8 @@ and the same dropout seed, each under `slimfit.memory.measure` (saved-tensor hoo
   3. the model patched with the preset, same frozen set.
 
 The frozen set is the one `ILSScheduler(model, freeze_rate, seed=seed)` picks at its first
-step: a seeded random `freeze_rate` share of the candidate layers (weight matrices, embeddings
-and norm weights; biases always train), the same set for runs 2 and 3.
+step: a seeded random `freeze_rate` share of the scheduled layers (weight matrices and norm weights;
+embeddings and biases always train), the same set for runs 2 and 3.
 
 The architectures and the helpers that build, freeze and measure them live in
 slimfit/architectures.py (bench/ uses them too); this module is the command only.
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=["exact", "paper", "aggressive", "wta_crs"], default="paper",
                         help="slimfit preset (default paper; wta_crs = paper + sampled weight gradients)")
     parser.add_argument("--freeze-rate", type=float, default=0.9,
-                        help="share of the scheduler's candidate layers frozen, in [0, 1) (default 0.9)")
+                        help="share of the scheduler's layers frozen, in [0, 1) (default 0.9)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                         help="fp32, or bf16 autocast (default fp32)")
     parser.add_argument("--attn-implementation", choices=["sdpa", "eager"], default="sdpa",
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  batch {args.batch}, {size}, {args.dtype}{' autocast' if args.dtype != 'fp32' else ''}, "
           f"train mode ({_dropout_note(model)}), {args.device}, attention {args.attn_implementation}")
     share = f"{100.0 * frozen_numel / cand_numel:.1f}% of their weights" if cand_numel else "no weights"
-    print(f"  frozen: {len(frozen)} of {len(candidates)} candidate layers (ILSScheduler first step, "
+    print(f"  frozen: {len(frozen)} of {len(candidates)} scheduled layers (ILSScheduler first step, "
           f"freeze rate {args.freeze_rate}, seed {args.seed}; {share})")
     print(f"  {summary}".replace("\n", "\n  "))
     print()

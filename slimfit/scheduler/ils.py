@@ -61,7 +61,7 @@ INIT_LO = 1e6
 # scheduled_kinds: which kinds of candidate the scheduler freezes and unfreezes; the others
 # train every step. "all" is SlimFit's rule (every candidate).
 ALL_KINDS = "all"
-DEFAULT_SCHEDULED_KINDS = ALL_KINDS
+DEFAULT_SCHEDULED_KINDS = ("matmul", "norm")
 # min_train_share="even": every layer trains in the share of layers that train each step.
 EVEN_SHARE = "even"
 # update_scale: "none" leaves the optimizer's updates as they are; "share" scales each update of a

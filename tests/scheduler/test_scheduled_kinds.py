@@ -83,3 +83,11 @@ def test_scheduled_kinds_errors_and_explicit_layers():
     # An explicit layer list is scheduled whole unless scheduled_kinds is given too.
     assert ILSScheduler(model, 0.5, layers=only_norms).names == only_norms
     assert ILSScheduler(model, 0.5, scheduled_kinds="all").num_layers == len(kinds)
+
+
+def test_by_default_the_embeddings_train_every_step():
+    model = tiny_bert()
+    kinds = _kinds(model)
+    sched = ILSScheduler(model, 0.7)
+    assert set(sched.names) == {n for n, k in kinds.items() if k != "embedding"}
+    assert sched.scheduled_kinds == ("matmul", "norm")
