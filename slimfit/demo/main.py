@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--even-shares", action="store_true",
                    help="every layer trains equally often, the scores ordering it (ILSScheduler "
                         "min_train_share='even'); by default the scores alone pick the trained layers (SlimFit's rule)")
+    p.add_argument("--schedule-embeddings", action="store_true",
+                   help="schedule the embedding tables like every other layer (ILSScheduler scheduled_kinds='all', "
+                        "SlimFit's rule); by default they train every step, which costs no activation memory")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -83,6 +86,8 @@ def _scheduler_options(args) -> dict:
         options["frozen_update"] = args.frozen_update
     if args.even_shares:
         options["min_train_share"] = "even"
+    if args.schedule_embeddings:
+        options["scheduled_kinds"] = "all"
     return options
 
 
@@ -135,8 +140,9 @@ def run(args) -> int:
     print(render(results))
     if args.rate > 0:
         share = 1 - args.rate
-        print(f"\nAt rate {args.rate} each layer trains in {'' if args.even_shares else 'on average '}about "
+        print(f"\nAt rate {args.rate} each scheduled layer trains in {'' if args.even_shares else 'on average '}about "
               f"{share:.0%} of the steps ({share * args.steps:.0f} of {args.steps} here)"
+              + ("" if args.schedule_embeddings else "; the embedding tables train every step")
               + ("; the classifier head trains every step" if args.head_every_step else "")
               + ("" if args.frozen_update == "none" else "; frozen layers keep moving by their AdamW moments")
               + " (bench/results/accuracy_text_cpu.md in the source tree).")
