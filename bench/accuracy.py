@@ -23,7 +23,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   aggressive@R      slimfit aggressive() + scheduler at rate R
   paper_pint8@R     paper() with P saved at int8 instead of recomputed in backward
   paper_gelu8@R     paper() with the GELU input at 8 bits instead of 4
-  paper_lnint8@R    paper() with a trained LayerNorm's x̂ saved at int8 (as when frozen) instead of in full
+  paper_lnfull@R    paper() with a trained LayerNorm's x̂ kept in full (paper() until 2026-11-24 05:35 UTC; its
+                    rows of before carry this name, and the rows named paper_lnint8 then are paper's)
   paper_code@R      the SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂
                     top-10%, P int8; rows measured before that date under the name paper@R carry this name
   paper_code_ptopk@R  paper_code with P pruned to its top 10% per row (paper() before it took the code's
@@ -32,21 +33,21 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
                     ('classifier') is not scheduled: it trains every step
-  ...+all           every candidate is scheduled, the embeddings too (scheduled_kinds="all", SlimFit's rule).
-                    Without it the library's default: embedding tables, position embeddings and tokens
-                    train every step (scheduled_kinds=("matmul", "norm")). Rows measured before
-                    2026-11-24 05:00 UTC scheduled every kind: they carry +all (rows of that morning
-                    named +emb are the default now, +lnemb is +ln, +ln is +all+ln)
-  ...+ln            the norm weights are not scheduled either: they train every step
+  ...+all           every candidate is scheduled: weight matrices, norm weights and embeddings
+                    (scheduled_kinds="all", SlimFit's rule). Without it the library's default: only the
+                    weight matrices are scheduled, the embeddings (tables, position embeddings, tokens)
+                    and the norm weights train every step (scheduled_kinds=("matmul",)).
+                    +norms / +embs: the norm weights / the embeddings are scheduled too. Rows measured
+                    before 2026-11-24 05:00 UTC scheduled every kind and carry +all; that morning's
+                    rows carry the names of what they ran.
+  ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
+                    the share of steps it trained so far, capped at 1 / (1 - rate))
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
                     at rate 0.7 nearly the schedule of +min30); without +even / +minNN: SlimFit's own schedule
                     (min_train_share=0, the scores alone; ILSScheduler's default)
-  ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
-                    the share of steps it trained so far, capped at 1 / (1 - rate): the same path as full
-                    fine-tuning in fewer steps)
   ...+abs / +robust scheduler option score="absolute" (mean |ΔW|) / score="robust" (||ΔW|| / ||W||)
                     options combine: paper@0.9+head+mom
   wta_crs@R         paper() + WTA-CRS sampled weight gradients (ratio 0.3 on attention output
@@ -85,9 +86,10 @@ DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
+# paper() until 2026-11-24 05:35 UTC: a trained LayerNorm's x̂ in full. The variants measured before pin it.
+PAPER_LNFULL = SlimFitConfig.paper().replace(layernorm="full")
 # The SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂ top-10%, P int8.
-PAPER_CODE = SlimFitConfig.paper().replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1).with_attention(
-    probs="int8")
+PAPER_CODE = PAPER_LNFULL.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1).with_attention(probs="int8")
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -111,32 +113,34 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
 
 
 # Compression variants, one choice changed each (issue: which lossy choice costs accuracy). The presets
-# changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed); the configs measured before under
-# the preset names keep their results under the names below (the docstring names their former names).
+# changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed) and on 2026-11-24 (trained x̂ int8);
+# the configs measured before under the preset names keep their results under the names below (the
+# docstring names their former names). The paper_* variants are paper_lnfull's, as they were measured.
 VARIANTS = {
-    "paper_pint8": SlimFitConfig.paper().with_attention(probs="int8"),
-    "paper_gelu8": SlimFitConfig.paper().replace(gelu_bits=8),
-    "paper_lnint8": SlimFitConfig.paper().replace(layernorm="int8"),
+    "paper_lnfull": PAPER_LNFULL,
+    "paper_pint8": PAPER_LNFULL.with_attention(probs="int8"),
+    "paper_gelu8": PAPER_LNFULL.replace(gelu_bits=8),
     "paper_code": PAPER_CODE,
     "paper_code_ptopk": PAPER_CODE.with_attention(probs="topk", keep_ratio=0.1),
     "aggressive_pint8": SlimFitConfig.aggressive().with_attention(probs="int8"),
 }
 SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
-           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm_frozen="topk").with_attention(
-               probs="topk", keep_ratio=0.1)}
+           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(
+               layernorm="full", layernorm_frozen="topk").with_attention(probs="topk", keep_ratio=0.1)}
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 
 
-# ILSScheduler(scheduled_kinds=...) of a spec: the library's default (embeddings train every step),
-# +all: every kind scheduled (SlimFit's rule); +ln: the norm weights train every step too.
-SCHEDULED_KINDS_DEFAULT = ("matmul", "norm")
+# ILSScheduler(scheduled_kinds=...) of a spec: the library's default (the weight matrices), +norms / +embs:
+# the norm weights / the embeddings scheduled too, +all: both (SlimFit's rule).
+SCHEDULED_KINDS_DEFAULT = ("matmul",)
+KIND_SUFFIXES = {"norms": ("norm",), "embs": ("embedding",), "all": ("norm", "embedding")}
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
     (rate warm-up over NN% of the steps), +scale (update_scale="share"),
-    +all (every kind of layer scheduled), +ln (norm weights train every step), +minNN (every layer trains in
+    +norms / +embs / +all (norm weights / embeddings / both scheduled too), +minNN (every layer trains in
     at least NN% of the steps), +abs / +robust (the scheduler's score)."""
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
@@ -146,8 +150,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     for suffix in suffixes:
         if suffix == "head":
             options["head"] = True
-        elif suffix in ("all", "ln"):
-            options[suffix] = True
+        elif suffix in KIND_SUFFIXES:
+            options.setdefault("kinds", set()).update(KIND_SUFFIXES[suffix])
         elif suffix == "mom":
             options["frozen_update"] = "momentum"
         elif suffix in ("abs", "robust"):
@@ -162,11 +166,9 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["min_train_share"] = int(suffix[3:]) / 100
         else:
             raise SystemExit(f"{spec!r}: unknown option +{suffix} (see the docstring of bench/accuracy.py)")
-    kinds = ("matmul", "norm", "embedding") if options.pop("all", False) else SCHEDULED_KINDS_DEFAULT
-    if options.pop("ln", False):
-        kinds = tuple(k for k in kinds if k != "norm")
-    if kinds != SCHEDULED_KINDS_DEFAULT:
-        options["scheduled_kinds"] = kinds
+    extra = options.pop("kinds", set())
+    if extra:
+        options["scheduled_kinds"] = SCHEDULED_KINDS_DEFAULT + tuple(k for k in ("norm", "embedding") if k in extra)
     return name, rate, options
 
 

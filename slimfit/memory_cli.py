@@ -14,8 +14,8 @@ and the same dropout seed, each under `slimfit.memory.measure` (saved-tensor hoo
   3. the model patched with the preset, same frozen set.
 
 The frozen set is the one `ILSScheduler(model, freeze_rate, seed=seed)` picks at its first
-step: a seeded random `freeze_rate` share of the scheduled layers (weight matrices and norm weights;
-embeddings and biases always train), the same set for runs 2 and 3.
+step: a seeded random `freeze_rate` share of the scheduled layers (the weight matrices; embeddings,
+norm weights and biases always train), the same set for runs 2 and 3.
 
 The architectures and the helpers that build, freeze and measure them live in
 slimfit/architectures.py (bench/ uses them too); this module is the command only.

@@ -32,12 +32,15 @@ __all__ = ["ActivationBytes", "resolve_activation_bytes", "check_budget", "min_r
 ActivationBytes = Union[Mapping[str, float], Callable[[str, nn.Parameter], float]]
 
 
-def resolve_activation_bytes(spec: ActivationBytes,
-                             layers: Sequence[tuple[str, nn.Parameter]]) -> torch.Tensor:
-    """Per-layer bytes as a float64 tensor in layer order."""
-    names = [n for n, _ in layers]
+def resolve_activation_bytes(spec: ActivationBytes, layers: Sequence[tuple[str, nn.Parameter]],
+                             unscheduled: Sequence[tuple[str, nn.Parameter]] = ()) -> tuple[torch.Tensor, float]:
+    """(bytes of each scheduled layer as a float64 tensor in layer order, total bytes of the
+    ``unscheduled`` candidates). Those train every step (scheduled_kinds, always_train), so their
+    bytes belong with the base; naming them in a dict is fine (estimate_activation_bytes does)."""
+    every = list(layers) + list(unscheduled)
+    names = [n for n, _ in every]
     if callable(spec) and not isinstance(spec, Mapping):
-        vals = [spec(n, p) for n, p in layers]
+        vals = [spec(n, p) for n, p in every]
     elif isinstance(spec, Mapping):
         known = set(names)
         unknown = [k for k in spec if k not in known]
@@ -54,7 +57,7 @@ def resolve_activation_bytes(spec: ActivationBytes,
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"activation_bytes[{n!r}] must be a finite number >= 0, got {v!r}")
         out.append(v)
-    return torch.tensor(out, dtype=torch.float64)
+    return torch.tensor(out[:len(layers)], dtype=torch.float64), float(sum(out[len(layers):]))
 
 
 def check_budget(bytes_: torch.Tensor, budget_bytes: float, base_bytes: float, names: Sequence[str]) -> None:

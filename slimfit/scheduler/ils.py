@@ -61,7 +61,7 @@ INIT_LO = 1e6
 # scheduled_kinds: which kinds of candidate the scheduler freezes and unfreezes; the others
 # train every step. "all" is SlimFit's rule (every candidate).
 ALL_KINDS = "all"
-DEFAULT_SCHEDULED_KINDS = ("matmul", "norm")
+DEFAULT_SCHEDULED_KINDS = ("matmul",)
 # min_train_share="even": every layer trains in the share of layers that train each step.
 EVEN_SHARE = "even"
 # update_scale: "none" leaves the optimizer's updates as they are; "share" scales each update of a
@@ -127,7 +127,9 @@ class ILSScheduler:
         seed: seeds the initial random scores (the round-robin order).
 
     Keyword-only:
-        base_bytes: activation bytes no freezing can remove (budget mode).
+        base_bytes: activation bytes no freezing can remove (budget mode). The bytes that
+            ``activation_bytes`` gives the candidates left out of scheduling (``scheduled_kinds``,
+            ``always_train``: they train every step) are added to it.
         rounding: ``"round"`` (default, round-half-up) or ``"floor"`` (int(), the paper's code).
         optimizer: attach now (see ``attach_optimizer``).
         layers: with a module: an explicit list of parameter names or (name, param) pairs to
@@ -199,6 +201,7 @@ class ILSScheduler:
                 raise TypeError("expected a module or (name, parameter) pairs, e.g. model.named_parameters()")
             named = find_candidates(model_or_named_params)
             check_parallel_wrappers(None, [p for _, p in named])
+        candidates = list(named)
         self.scheduled_kinds = _resolve_kinds(scheduled_kinds, explicit_layers=layers is not None)
         if self.scheduled_kinds != KINDS:
             module = model_or_named_params if isinstance(model_or_named_params, nn.Module) else None
@@ -257,7 +260,10 @@ class ILSScheduler:
         self.base_bytes = float(base_bytes)
         self._bytes: Optional[torch.Tensor] = None
         if activation_bytes is not None:
-            self._bytes = _budget.resolve_activation_bytes(activation_bytes, named)
+            scheduled = {id(p) for _, p in named}
+            self._bytes, always_bytes = _budget.resolve_activation_bytes(
+                activation_bytes, named, [(n, p) for n, p in candidates if id(p) not in scheduled])
+            self.base_bytes += always_bytes   # candidates that train every step cost their bytes every step
         if (self.memory_aware or self.budget_bytes is not None) and self._bytes is None:
             raise ValueError("memory_aware=True and budget_bytes need activation_bytes (a dict name -> bytes or "
                              "a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) measures them")

@@ -101,7 +101,7 @@ def test_sliding_window_mask_takes_the_fused_path(monkeypatch):
     model, inputs = tiny_decoder("mistral", seq=40, pad=False, sliding_window=8)
     loss_ref, g_ref = grads_of(model, inputs)
     slimfit.patch(model, SlimFitConfig.paper().with_attention(qkv_bits=None).replace(
-        silu_bits=None, ffn_out_input_bits=None, layernorm_frozen="full"))
+        silu_bits=None, ffn_out_input_bits=None, layernorm="full", layernorm_frozen="full"))
     paths = CountPaths(monkeypatch)
     loss, g = grads_of(model, inputs)
     assert paths.calls["fused"] == 2 and paths.calls["materialize"] == 0

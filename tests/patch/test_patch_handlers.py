@@ -109,7 +109,7 @@ def test_a_registered_family_patches_its_modules(toy_family):
     assert summary.family == "toy" and summary.notes == TOY.notes
     patched = {name: (kind, mode) for name, kind, mode in summary.patched}
     assert patched["layers.0.mlp"] == ("swiglu", "gate and up 4-bit")
-    assert patched["layers.0.norm"] == ("rmsnorm", "full/int8 when frozen")
+    assert patched["layers.0.norm"] == ("rmsnorm", "int8/int8 when frozen")
     assert patched["layers.0.mlp.down_proj"] == ("linear", "input 8-bit, frozen fast path")  # ffn_out_input_bits
     assert patched["layers.0.mlp.up_proj"] == ("linear", "input full, frozen fast path")
     assert "layers.0.mlp.act_fn" not in patched  # computed by the SwiGLU MLP itself

@@ -91,9 +91,14 @@ def test_saved_bytes_per_module_are_byte_exact():
         assert run.per_module[name] == rows * topk_keep(0.1, HIDDEN) * (4 + 2) + 4 * rows
     # plain: x fp32 (pow, mul) + rstd + x̂ (the product with the weight)
     assert plain.per_module["model.layers.1.input_layernorm"] == 2 * rows * HIDDEN * 4 + 4 * rows
-    # trainable norm weight: x̂ in full ('layernorm' = 'full' in paper()) + rstd
+    # trainable norm weight: x̂ at int8 ('layernorm' = 'int8' in paper()) + rstd; in full with layernorm='full'
     patched.model.norm.weight.requires_grad_(True)
     run = memory.measure(patched, inputs_embeds=inputs_embeds, labels=inputs["labels"])
+    assert run.per_module["model.norm"] == q_bytes(rows * HIDDEN, 8) + 4 * rows
+    full_norm = slimfit.patch(copy.deepcopy(model), no_attention.replace(layernorm="full"))
+    _freeze_all(full_norm)
+    full_norm.model.norm.weight.requires_grad_(True)
+    run = memory.measure(full_norm, inputs_embeds=inputs_embeds, labels=inputs["labels"])
     assert run.per_module["model.norm"] == rows * HIDDEN * 4 + 4 * rows
 
 

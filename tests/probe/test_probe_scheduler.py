@@ -26,7 +26,7 @@ BAD_CONSTRUCTIONS = [
     (dict(memory_aware=True), ValueError, "activation_bytes"),
     (dict(budget_bytes=10.0), ValueError, "activation_bytes"),
     (dict(always_train=["nope"]), ValueError, "always_train"),
-    (dict(always_train=["0", "1", "2"]), ValueError, "every candidate"),
+    (dict(always_train=["0", "2"]), ValueError, "every candidate"),
     (dict(frozen_update="sgd"), ValueError, "frozen_update"),
     (dict(warmup_steps=True), ValueError, "warmup_steps"),
     (dict(min_train_share=0.5, freeze_rate=0.9), ValueError, "min_train_share"),
@@ -107,8 +107,9 @@ def test_nan_weights_keep_training_instead_of_freezing_silently():
 def test_budget_helpers_refuse_impossible_budgets():
     every = {"0.weight": 100, "1.weight": 100, "2.weight": 100}
     with pytest.raises(ValueError, match="budget"):
-        ILSScheduler(_mlp(), 0.0, activation_bytes=every, budget_bytes=50.0)
-    s = ILSScheduler(_mlp(), 0.0, activation_bytes={"0.weight": 100, "2.weight": 100}, budget_bytes=50.0)
+        ILSScheduler(_mlp(), 0.0, activation_bytes=every, budget_bytes=50.0, scheduled_kinds="all")
+    s = ILSScheduler(_mlp(), 0.0, activation_bytes={"0.weight": 100, "2.weight": 100}, budget_bytes=50.0,
+                     scheduled_kinds="all")
     assert s.trained_names() == ["1.weight"]          # only the layer that costs nothing fits
     rate = min_rate_for_budget([100.0, 100.0, 100.0], budget_bytes=250.0)
     assert 0.0 <= rate < 1.0 and num_frozen(rate, 3) >= 1

@@ -85,9 +85,9 @@ def test_scheduled_kinds_errors_and_explicit_layers():
     assert ILSScheduler(model, 0.5, scheduled_kinds="all").num_layers == len(kinds)
 
 
-def test_by_default_the_embeddings_train_every_step():
+def test_by_default_embeddings_and_norms_train_every_step():
     model = tiny_bert()
     kinds = _kinds(model)
     sched = ILSScheduler(model, 0.7)
-    assert set(sched.names) == {n for n, k in kinds.items() if k != "embedding"}
-    assert sched.scheduled_kinds == ("matmul", "norm")
+    assert set(sched.names) == {n for n, k in kinds.items() if k == "matmul"}
+    assert sched.scheduled_kinds == ("matmul",)

@@ -81,11 +81,11 @@ def test_tiny_bert_trains_with_frozen_layers():
     m = tiny_bert()
     opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
     s = ILSScheduler(m, freeze_rate=0.8, optimizer=opt)
-    assert s.num_layers == 19 and s.num_frozen == 15   # 22 candidates; the 3 embedding tables train every step
+    assert s.num_layers == 14 and s.num_frozen == 11   # 22 candidates; embeddings and norms train every step
     batch = bert_batch()
     losses = _train_and_check(m, opt, s, lambda mm, i: mm(**batch).loss, 12, "zeros")
     assert min(losses[-3:]) < losses[0]
-    assert int(s._seen.sum()) == 19                   # round robin reached every layer
+    assert int(s._seen.sum()) == 14                   # round robin reached every layer
 
 
 def test_optimizer_state_survives_freeze_and_unfreeze():
@@ -206,7 +206,7 @@ def test_memory_aware_and_budget():
         opt.step()
         opt.zero_grad()
         s.step()
-    assert int(s._seen.sum()) == 5                    # every layer trained at some point
+    assert int(s._seen.sum()) == 3                    # every scheduled layer (fc1, fc2, head) trained at some point
     assert "budget" in s.summary()
 
     with pytest.raises(ValueError, match="cannot be met"):
@@ -218,10 +218,16 @@ def test_memory_aware_and_budget():
     with pytest.raises(ValueError, match="not candidate layers"):
         ILSScheduler(MLP(), activation_bytes={"fc1.bias": 1}, memory_aware=True)
 
-    # memory-aware: zero-byte layers (norm weights) are the cheapest to train, so they stay trained
+    # Norm weights train every step by default: the bytes given for them join the base.
+    s = ILSScheduler(MLP(), 0.0, activation_bytes=est_ln, budget_bytes=10**6, base_bytes=7)
+    assert s.base_bytes == 7 + est_ln["ln1.weight"] + est_ln["ln2.weight"] and s.num_layers == 3
+
+    # memory-aware, every kind scheduled: zero-byte layers (norm weights) are the cheapest to train,
+    # so they stay trained
     m = MLP()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
-    s = ILSScheduler(m, freeze_rate=0.6, memory_aware=True, activation_bytes=est, optimizer=opt)
+    s = ILSScheduler(m, freeze_rate=0.6, memory_aware=True, activation_bytes=est, optimizer=opt,
+                     scheduled_kinds="all")
     for step in range(6):
         _mlp_loss(m, step).backward()
         opt.step()

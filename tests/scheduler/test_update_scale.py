@@ -21,8 +21,9 @@ def test_each_update_is_stretched_by_steps_over_train_count(share):
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)      # update = -lr * grad: easy to replay
-    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=share, update_scale="share")
-    cap = 5 / 2                                           # 5 layers, 2 train each step
+    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=share, update_scale="share",
+                         scheduled_kinds="all")
+    cap = 5 / 2                                           # 5 layers (norms included), 2 train each step
     seen_factors = set()
     for step in range(12):
         trained = [(n, p) for n, p in zip(sched.names, sched.params) if p.requires_grad]
