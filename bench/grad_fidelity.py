@@ -5,8 +5,13 @@ Tomatoes (seq <= 48) and DINOv2 ViT-S/14 on Fashion-MNIST (56x56, 17 tokens).
 
     python -m bench.grad_fidelity                   # both models, seeds 0,1,2
     python -m bench.grad_fidelity --models dinov2 --seeds 0
+    python -m bench.grad_fidelity --scheduled-kinds matmul --name grad_fidelity_default_kinds \
+        --configs "trained LayerNorm x̂ int8,paper(),paper() with trained x̂ in full"
+                                                    # the library's default trained set (every norm
+                                                    # weight trains): bench/results/<name>_cpu.{csv,md}
 
-For each seed the freezing scheduler (rate 0.9) picks the trained set; every config then runs
+For each seed the freezing scheduler (rate 0.9; --scheduled-kinds, default "all": every kind of
+layer scheduled, the protocol of the committed table) picks the trained set; every config then runs
 one forward/backward on the same batch with that set (eval mode: no dropout, so the only
 difference from exact() is the compression). Reported per config: cosine similarity and
 relative error of all trainable gradients concatenated (global), and the worst per-tensor
@@ -52,6 +57,7 @@ CONFIGS = {
     "Q/K/V 8-bit + P recomputed": MATERIALIZE.with_attention(qkv_bits=8, probs="recompute"),
     "frozen LayerNorm x̂ top-10%": EXACT.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1),
     "frozen LayerNorm x̂ int8": EXACT.replace(layernorm_frozen="int8"),
+    "trained LayerNorm x̂ int8": EXACT.replace(layernorm="int8"),
     # paper() as it was until it took frozen x̂ int8 and recomputed P (the SlimFit code's choices)
     "paper() before: frozen x̂ top-10%, P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk").with_attention(
         probs="int8"),
@@ -59,6 +65,8 @@ CONFIGS = {
     "paper() with P top-10%": PAPER_MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
     "paper() with frozen x̂ top-10%": PAPER_MATERIALIZE.replace(layernorm_frozen="topk"),
     "paper() with GELU 8-bit": PAPER_MATERIALIZE.replace(gelu_bits=8),
+    # paper() until 2026-11-24 05:35 UTC (rows of the committed table before that date are this config)
+    "paper() with trained x̂ in full": PAPER_MATERIALIZE.replace(layernorm="full"),
     "paper()": PAPER_MATERIALIZE,
     "paper(), fused path": SlimFitConfig.paper(),
     "aggressive()": SlimFitConfig.aggressive().with_attention(path="materialize"),
@@ -100,11 +108,11 @@ MODELS = {"minilm": ("all-MiniLM-L6-v2, Rotten Tomatoes, seq <= 48", _minilm),
           "dinov2": ("DINOv2 ViT-S/14, Fashion-MNIST, 56x56", _dinov2)}
 
 
-def gradients(build, batch, config, seed: int, rate: float) -> dict[str, torch.Tensor]:
+def gradients(build, batch, config, seed: int, rate: float, kinds="all") -> dict[str, torch.Tensor]:
     model = build()
     if config is not None:
         slimfit.patch(model, config)
-    ILSScheduler(model, freeze_rate=rate, seed=seed).apply()  # its first decision, applied now
+    ILSScheduler(model, freeze_rate=rate, seed=seed, scheduled_kinds=kinds).apply()  # its first decision, now
     model.eval()
     model(**batch).loss.backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -126,10 +134,10 @@ def compare(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple
     return cos, rel, worst
 
 
-def median_rows(rows: list[dict], model: str) -> list[list[str]]:
-    """Per config of CONFIGS: the medians over seeds of the CSV rows of `model`, as table cells."""
+def median_rows(rows: list[dict], model: str, names=None) -> list[list[str]]:
+    """Per config of `names` (default CONFIGS): the medians over seeds of the CSV rows of `model`, as table cells."""
     out = []
-    for name in CONFIGS:
+    for name in names or CONFIGS:
         rs = [r for r in rows if r["model"] == model and r["config"] == name]
         med = {k: statistics.median(float(r[k]) for r in rs) for k in ("cos", "rel_err", "worst_tensor_cos")}
         out.append([name, f"{med['cos']:.4f}", f"{med['rel_err']:.3g}", f"{med['worst_tensor_cos']:.3f}"])
@@ -143,25 +151,35 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=0.9)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out-dir", default=None, help="default bench/results")
+    p.add_argument("--scheduled-kinds", default="all",
+                   help="ILSScheduler scheduled_kinds: 'all' (the committed table) or e.g. 'matmul' (the default)")
+    p.add_argument("--configs", default=None, help="comma-separated config names (default: all of them)")
+    p.add_argument("--name", default="grad_fidelity", help="results file name (bench/results/<name>_cpu.*)")
     args = p.parse_args(argv)
+    kinds = args.scheduled_kinds if args.scheduled_kinds == "all" else tuple(args.scheduled_kinds.split(","))
+    names = list(CONFIGS) if args.configs is None else [c.strip() for c in args.configs.split(",")]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
     quiet_transformers()
     rows = []
     for key in args.models.split(","):
         title, make = MODELS[key]
         build, batch = make(args.batch_size)
         for seed in (int(s) for s in args.seeds.split(",")):
-            ref = gradients(build, batch, None, seed, args.rate)
-            for name, config in CONFIGS.items():
-                cos, rel, worst = compare(ref, gradients(build, batch, config, seed, args.rate))
+            ref = gradients(build, batch, None, seed, args.rate, kinds)
+            for name in names:
+                cos, rel, worst = compare(ref, gradients(build, batch, CONFIGS[name], seed, args.rate, kinds))
                 rows.append({"model": key, "config": name, "seed": seed, "cos": f"{cos:.5f}", "rel_err": f"{rel:.4g}",
                              "worst_tensor_cos": f"{worst:.4f}", "trained_tensors": len(ref)})
                 print(f"{key:7s} seed {seed} {name:56s} cos {cos:.5f}  rel {rel:.3g}  worst tensor cos {worst:.4f}",
                       flush=True)
-    _results.write_rows(_results.results_path("grad_fidelity", "csv", "cpu", args.out_dir), rows)
+    _results.write_rows(_results.results_path(args.name, "csv", "cpu", args.out_dir), rows)
     versions = _results.versions()
     lines = ["# Gradient fidelity on pretrained models (one real batch)", "",
-             f"Batch {args.batch_size}, scheduler rate {args.rate} (its first trained set per seed), eval mode, "
-             f"fp32, torch {versions['torch']}; `{_results.command('grad_fidelity', [])}`. Median over seeds "
+             f"Batch {args.batch_size}, scheduler rate {args.rate} (its first trained set per seed; scheduled kinds: "
+             f"{args.scheduled_kinds}), eval mode, "
+             f"fp32, torch {versions['torch']}; `{_results.command('grad_fidelity', argv)}`. Median over seeds "
              f"{args.seeds} of: cosine and relative error of all trainable gradients vs exact(), worst per-tensor "
              f"cosine (tensors with at least 1e-3 of the largest tensor's gradient norm). Rows with P and the "
              f"paper()/aggressive() rows force slimfit's materializing attention core (attention.path='materialize': "
@@ -169,8 +187,8 @@ def main(argv=None) -> int:
              f"fused kernel (eval mode has no dropout).", ""]
     for key in args.models.split(","):
         lines += [f"## {MODELS[key][0]}", ""] + _results.md_table(
-            ["config", "cos", "rel err", "worst tensor cos"], median_rows(rows, key), right=(1, 2, 3)) + [""]
-    _results.write_text(_results.results_path("grad_fidelity", "md", "cpu", args.out_dir), "\n".join(lines))
+            ["config", "cos", "rel err", "worst tensor cos"], median_rows(rows, key, names), right=(1, 2, 3)) + [""]
+    _results.write_text(_results.results_path(args.name, "md", "cpu", args.out_dir), "\n".join(lines))
     print("\n".join(lines))
     return 0
 
