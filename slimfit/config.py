@@ -305,7 +305,7 @@ class SlimFitConfig:
         * frozen LayerNorm x̂ at int8, not top-10%: top-10% turns DINOv2 ViT-S's gradient (cosine
           0.91 vs 1.000) and cost accuracy at 500 steps (Fashion-MNIST seed 0: -4.8 points against
           full fine-tuning, +4.0 with int8 x̂); int8 keeps ~0.4 byte per element more;
-        * trained LayerNorm x̂ at int8 too, not in full: the weight gradient moved by 0.07% (MiniLM) /
+        * trained LayerNorm x̂ at int8 too, not in full: the gradients moved by 0.17% (MiniLM) /
           0.4% (DINOv2), and the scheduler trains every norm weight every step by default
           (``scheduled_kinds``), so a full x̂ would cost 3 bytes per element of every norm input;
         * P recomputed, not int8 (nor top-10%): the gradient of attention at the dequantized point,
