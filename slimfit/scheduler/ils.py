@@ -103,12 +103,13 @@ class _ApplyOnFirstForward:
 
 
 class ILSScheduler:
-    """Freeze the ``round(freeze_rate * L)`` candidate layers whose weights moved least.
+    """Freeze the ``round(freeze_rate * L)`` scheduled layers (by default the weight matrices) whose
+    weights moved least.
 
     Args:
         model_or_named_params: an ``nn.Module`` (a DDP wrapper is fine and checked), or
             ``(name, parameter)`` pairs such as ``model.named_parameters()``.
-        freeze_rate: fraction of candidate layers frozen each step, in [0, 1). At least
+        freeze_rate: fraction of the scheduled layers frozen each step, in [0, 1). At least
             one layer always trains. In budget mode, the minimum fraction frozen.
         score: ``"relative"`` (SlimFit: mean |ΔW / W_old| over entries with W_old != 0),
             ``"robust"`` (||ΔW|| / ||W_old||) or ``"absolute"`` (mean |ΔW|: under Adam the
@@ -151,10 +152,10 @@ class ILSScheduler:
             (layers below it take training slots first, the most starved first); in [0, 1 - rate],
             or ``"even"``: the share of layers that train each step (about 1 - rate), so every layer
             trains equally often (round robin) and the scores only choose among equally trained
-            layers. 0 (default) is SlimFit's own schedule, the scores alone: under Adam/AdamW its
-            relative score leaves LayerNorm weights, embeddings and Q/K nearly never trained. "even"
-            did better on Rotten Tomatoes at 500 steps (6 seeds) and worse on a 16-class task and
-            Fashion-MNIST (seed 0), so it is not the default (docs/fidelity.md).
+            layers. 0 (default) is SlimFit's own schedule, the scores alone (under Adam/AdamW its
+            relative score ranks layers by the size of their weights). With every kind scheduled,
+            "even" did better on Rotten Tomatoes at 500 steps (6 seeds) and worse on a 16-class task
+            and Fashion-MNIST (seed 0), so it is not the default (docs/fidelity.md).
         update_scale: ``"none"`` (default): the optimizer's update is left as it is. ``"share"``:
             right after the optimizer's step, each trained layer's update (its weights minus the
             snapshot) is multiplied by steps so far / steps that layer trained, capped at
@@ -166,8 +167,9 @@ class ILSScheduler:
             ``"all"`` (SlimFit's rule) or a selection of ``"matmul"`` (Linear / Conv weights, an
             embedding table tied to an LM head), ``"norm"`` (norm weights) and ``"embedding"``
             (embedding tables, position embeddings, class tokens). Candidates of the other kinds
-            train every step and do not count in the rate. None: the default below, or every
-            kind when ``layers`` lists the layers explicitly.
+            train every step and do not count in the rate. None: ``("matmul",)``, the default
+            (freezing an embedding or a norm weight saves no activation memory, and SlimFit's score
+            starved them: docs/fidelity.md), or every kind when ``layers`` lists the layers.
         release_state_after: with an attached optimizer, drop the optimizer state (e.g. AdamW's
             moments) of a layer once it has been frozen this many consecutive steps; it restarts
             from fresh state when it trains again. None (default) keeps all state.
