@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every layer trains equally often, the scores ordering it (ILSScheduler "
                         "min_train_share='even'); by default the scores alone pick the trained layers (SlimFit's rule)")
     p.add_argument("--schedule-embeddings", action="store_true",
-                   help="schedule the embedding tables like every other layer (ILSScheduler scheduled_kinds='all', "
-                        "SlimFit's rule); by default they train every step, which costs no activation memory")
+                   help="schedule the embeddings and norm weights like the weight matrices (ILSScheduler "
+                        "scheduled_kinds='all', SlimFit's rule); by default they train every step, which costs no "
+                        "activation memory")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
