@@ -9,6 +9,7 @@ compiled only when torch is a CUDA build and nvcc is found. Environment:
                              PTX is added for the newest one listed ("9.0" -> "9.0+PTX")
   CUDA_HOME=/usr/local/cuda  the CUDA toolkit (default: the one nvcc on PATH reports)
   MAX_JOBS=N                 parallel compile jobs (ninja)
+  SLIMFIT_NO_OPENMP=1        compile the CPU kernels without OpenMP (they then run on one thread)
 
 Build without isolation so that the extension compiles against the torch that
 is installed: `pip install --no-build-isolation -e .`
@@ -115,6 +116,20 @@ def _cuda_arch_list() -> str:
     return ";".join(archs)
 
 
+def _openmp_flags(torch) -> list[str]:
+    """-fopenmp when torch parallelises with OpenMP on Linux. at::parallel_for is a header
+    template whose `#pragma omp parallel` compiles into the extension itself: without the
+    flag every CPU kernel runs on one thread. The extension then needs libgomp.so.1, which
+    resolves to the copy torch already loaded (same soname), so both share one thread pool
+    and torch.set_num_threads governs both."""
+    if not sys.platform.startswith("linux") or _flag("SLIMFIT_NO_OPENMP"):
+        return []
+    if not torch.backends.openmp.is_available():
+        print("slimfit: torch is not built with OpenMP; the CPU kernels run on one thread")
+        return []
+    return ["-fopenmp"]
+
+
 def _extensions():
     if _flag("SLIMFIT_SKIP_NATIVE"):
         print("slimfit: SLIMFIT_SKIP_NATIVE is set; building no native extension")
@@ -167,7 +182,8 @@ def _extensions():
 
     # No -std here: torch's cpp_extension adds the standard its headers need (C++20 from
     # torch 2.10 on; an explicit -std=c++17 breaks the build against torch 2.14).
-    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+    openmp = _openmp_flags(torch)
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-math-errno"] + openmp
     if cuda_home is not None:
         cpp_extension.CUDA_HOME = cuda_home  # in case cpp_extension was imported earlier
         if os.environ.get("TORCH_CUDA_ARCH_LIST") or not torch.cuda.is_available():
@@ -187,9 +203,11 @@ def _extensions():
             sources + cuda_sources,
             define_macros=[("SLIMFIT_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags + pip_includes, "nvcc": nvcc_flags + pip_includes},
+            extra_link_args=openmp,
         )
     else:
-        ext = cpp_extension.CppExtension("slimfit._C", sources, extra_compile_args={"cxx": cxx_flags})
+        ext = cpp_extension.CppExtension("slimfit._C", sources, extra_compile_args={"cxx": cxx_flags},
+                                         extra_link_args=openmp)
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 
 

@@ -36,7 +36,14 @@ def _env(_args) -> int:
     rows.append(("CPU kernels", info["cpu"]))
     if info["native_error"]:
         rows.append(("native load error", info["native_error"]))
-    rows.append(("CPU threads", str(torch.get_num_threads())))
+    threads = str(torch.get_num_threads())
+    if info["cpu"].startswith("native"):
+        import slimfit._C as native
+
+        used = native.cpu_threads_used()
+        threads += f" (native kernels use {used}" + (
+            ")" if used == torch.get_num_threads() else "; rebuild with OpenMP: the extension runs serially)")
+    rows.append(("CPU threads", threads))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
