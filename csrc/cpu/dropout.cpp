@@ -15,11 +15,15 @@
 
 #include "../rng.h"
 #include "convert.h"
+#include "uniform_span.h"
 
 namespace slimfit {
 namespace {
 
 constexpr int64_t kGrainElements = 32768;
+// Elements go through small fp32 buffers so that every loop stays branch-free and
+// vectorizes: the conversions, the multiply, the hash (uniform_span) and the keep select.
+constexpr int64_t kChunk = 256;
 
 void check_p(double p, const char* op) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "slimfit::", op, ": p must be in [0, 1], got ", p);
@@ -51,28 +55,24 @@ at::Tensor dropout_mask_cpu(const at::Tensor& like, double p, int64_t seed) {
   uint8_t* dst = reinterpret_cast<uint8_t*>(out.data_ptr<bool>());
   at::parallel_for(0, n, kGrainElements, [&](int64_t b, int64_t e) {
     for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
-      const uint32_t k0 = keys.k0;
-      uint8_t* d = dst + i0;
-      const int64_t len = i1 - i0;
-      for (int64_t j = 0; j < len; ++j) {
-        const float u = rng::word_to_uniform(rng::word_hk(lo0 + static_cast<uint32_t>(j), k0, hk1));
-        d[j] = static_cast<uint8_t>(u >= pf);
+      alignas(64) float u[kChunk];
+      for (int64_t c0 = i0; c0 < i1; c0 += kChunk) {
+        const int64_t len = std::min(kChunk, i1 - c0);
+        cpu::uniform_span(lo0 + static_cast<uint32_t>(c0 - i0), keys.k0, hk1, len, u);
+        uint8_t* d = dst + c0;
+        for (int64_t j = 0; j < len; ++j) d[j] = static_cast<uint8_t>(u[j] >= pf);
       }
     });
   });
   return out;
 }
 
-// Elements go through a small fp32 buffer so that every loop stays branch-free and
-// vectorizes: the conversions, the multiply, the hash and the keep select.
-constexpr int64_t kChunk = 256;
-
 template <typename T>
 void seeded_dropout_impl(const T* x, int64_t n, float pf, float factor, rng::SeedKeys keys, T* y) {
   at::parallel_for(0, n, kGrainElements, [&](int64_t b, int64_t e) {
     for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
-      const uint32_t k0 = keys.k0;
       alignas(64) float buf[kChunk];
+      alignas(64) float u[kChunk];
       alignas(64) uint32_t bits[kChunk];
       for (int64_t c0 = i0; c0 < i1; c0 += kChunk) {
         const int64_t len = std::min(kChunk, i1 - c0);
@@ -80,10 +80,8 @@ void seeded_dropout_impl(const T* x, int64_t n, float pf, float factor, rng::See
         cpu::load_f32(x + c0, buf, len);
         for (int64_t j = 0; j < len; ++j) buf[j] = buf[j] * factor;
         std::memcpy(bits, buf, len * sizeof(float));
-        for (int64_t j = 0; j < len; ++j) {
-          const float u = rng::word_to_uniform(rng::word_hk(lo + static_cast<uint32_t>(j), k0, hk1));
-          bits[j] = u >= pf ? bits[j] : 0u;  // a dropped element is +0.0, whatever x was
-        }
+        cpu::uniform_span(lo, keys.k0, hk1, len, u);
+        for (int64_t j = 0; j < len; ++j) bits[j] = u[j] >= pf ? bits[j] : 0u;  // dropped: +0.0, whatever x was
         std::memcpy(buf, bits, len * sizeof(float));
         cpu::store_f32(buf, y + c0, len);
       }

@@ -25,6 +25,7 @@
 
 #include "../rng.h"
 #include "convert.h"
+#include "uniform_span.h"
 
 namespace slimfit {
 namespace {
@@ -158,9 +159,7 @@ void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys
         const uint64_t ustart = static_cast<uint64_t>(start);
         const uint32_t lo0 = static_cast<uint32_t>(ustart);
         const uint32_t hk1 = static_cast<uint32_t>(ustart >> 32) ^ keys.k1;
-        const uint32_t k0 = keys.k0;
-        for (int64_t j = 0; j < len; ++j)
-          noise[j] = rng::word_to_uniform(rng::word_hk(lo0 + static_cast<uint32_t>(j), k0, hk1));
+        cpu::uniform_span(lo0, keys.k0, hk1, len, noise);
         for (int64_t j = 0; j < len; ++j) {
           const float q = (buf[j] - mn) * inv;
           cbuf[j] = code_of(q + noise[j], levels);
