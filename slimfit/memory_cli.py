@@ -1,7 +1,7 @@
 """`slimfit memory <architecture>`: saved-activation bytes per module of a standard architecture,
 plain PyTorch vs a slimfit preset, without downloading anything.
 
-    slimfit memory bert-base --batch 1 --seq-len 128 --preset paper --freeze-rate 0.9
+    slimfit memory bert-base --batch 1 --seq-len 128 --preset paper --freeze-rate 0.7
     slimfit memory vit-base --image-size 224 --dtype bf16 --collapse-layers
 
 The model is built from its `transformers` config with standard sizes and random weights (no
@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image side in pixels, vision models (default: the config's, 224)")
     parser.add_argument("--preset", choices=["exact", "paper", "aggressive", "wta_crs"], default="paper",
                         help="slimfit preset (default paper; wta_crs = paper + sampled weight gradients)")
-    parser.add_argument("--freeze-rate", type=float, default=0.9,
-                        help="share of the scheduler's layers frozen, in [0, 1) (default 0.9)")
+    parser.add_argument("--freeze-rate", type=float, default=0.7,
+                        help="share of the scheduler's layers frozen, in [0, 1) (default 0.7, the scheduler's)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                         help="fp32, or bf16 autocast (default fp32)")
     parser.add_argument("--attn-implementation", choices=["sdpa", "eager"], default="sdpa",

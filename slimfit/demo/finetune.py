@@ -128,7 +128,7 @@ def count_labels(train, test) -> int:
     return max(labels) + 1
 
 
-def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.9, steps: int,
+def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.7, steps: int,
              batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
              prepare: Callable | None = None, always_train=(), scheduler_options: dict | None = None,
              saved_samples: int = 0) -> RunResult:

@@ -23,7 +23,7 @@ def evaluate_images(model, pixels: torch.Tensor, labels: torch.Tensor, device, b
 
 def finetune_images(build_model: Callable, train, test, *, steps: int, batch_size: int, lr: float, seed: int,
                     device: str = "cpu", progress: bool = True, prepare: Callable | None = None,
-                    preset: str | None = None, rate: float = 0.9) -> RunResult:
+                    preset: str | None = None, rate: float = 0.7) -> RunResult:
     """train / test: (pixels float [N,3,H,W], labels int64 [N]); build_model() -> a fresh classifier
     taking pixel_values (+ labels). Same seed: same batches, same head initialisation."""
     prepare = prepare or prepare_preset(preset, rate)

@@ -4,7 +4,7 @@ Pure Python + torch: flips ``param.requires_grad`` and nothing else; it does not
 slimfit.kernels or slimfit.autograd. See docs/scheduler.md.
 
     from slimfit.scheduler import ILSScheduler
-    sched = ILSScheduler(model, freeze_rate=0.9, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt)
     ... opt.step(); opt.zero_grad(); sched.step()
 
 Modules: candidates (which parameters are layers), scores (how much they moved),

@@ -1,7 +1,7 @@
 """Hugging Face ``transformers.Trainer`` integration.
 
     trainer = Trainer(model=model, args=args, train_dataset=ds,
-                      callbacks=[SlimFitCallback(freeze_rate=0.9)])
+                      callbacks=[SlimFitCallback(freeze_rate=0.7)])
 
 The callback builds the scheduler in ``on_train_begin`` — after the Trainer has created the
 optimizer and wrapped the model (DDP included), as DDP requires — attaches the optimizer,
