@@ -36,14 +36,15 @@ def _env(_args) -> int:
     rows.append(("CPU kernels", info["cpu"]))
     if info["native_error"]:
         rows.append(("native load error", info["native_error"]))
-    threads = str(torch.get_num_threads())
+    threads = torch.get_num_threads()
+    threads_row = str(threads)
     if info["cpu"].startswith("native"):
         import slimfit._C as native
 
         used = native.cpu_threads_used()
-        threads += f" (native kernels use {used}" + (
-            ")" if used == torch.get_num_threads() else "; rebuild with OpenMP: the extension runs serially)")
-    rows.append(("CPU threads", threads))
+        fix = "" if used == threads else "; rebuild with OpenMP: the extension runs serially"
+        threads_row += f" (native kernels use {used}{fix})"
+    rows.append(("CPU threads", threads_row))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
