@@ -32,7 +32,9 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   aggressive_pint8@R  aggressive() with P int8 (aggressive() until 2026-11-23; formerly aggressive@R)
   wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
-                    ('classifier') is not scheduled: it trains every step
+                    ('classifier') is not scheduled: it trains every step. The library's default since
+                    2026-11-24 (ILSScheduler always_train=None), so paper@R+head is today's paper() with the
+                    scheduler's defaults; without +head the head is scheduled (always_train=(), SlimFit's rule)
   ...+all           every candidate is scheduled: weight matrices, norm weights and embeddings
                     (scheduled_kinds="all", SlimFit's rule). Without it the library's default: only the
                     weight matrices are scheduled, the embeddings (tables, position embeddings, tokens)

@@ -15,7 +15,7 @@ and the same dropout seed, each under `slimfit.memory.measure` (saved-tensor hoo
 
 The frozen set is the one `ILSScheduler(model, freeze_rate, seed=seed)` picks at its first
 step: a seeded random `freeze_rate` share of the scheduled layers (the weight matrices; embeddings,
-norm weights and biases always train), the same set for runs 2 and 3.
+norm weights, biases and a task model's fresh head always train), the same set for runs 2 and 3.
 
 The architectures and the helpers that build, freeze and measure them live in
 slimfit/architectures.py (bench/ uses them too); this module is the command only.

@@ -27,19 +27,19 @@ def test_demo_runs_plain_and_slimfit(capsys):
     assert "slimfit aggressive, rate 0.7" in out and "frozen_update" not in out   # only options changed are named
     assert "test accuracy" in out and "most over the run" in out and "less" in out
     assert ("each scheduled layer trains in on average about 30% of the steps (1 of 3 here); the embedding tables "
-            "train every step (bench") in out
+            "train every step; the classifier head trains every step (bench") in out
 
 
 @pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh demo)")
 def test_demo_scheduler_flags(capsys):
     rc = main(["demo", "--steps", "2", "--n-train", "32", "--n-test", "16", "--batch-size", "8", "--max-length", "16",
-               "--no-progress", "--no-plain", "--head-every-step", "--frozen-update", "momentum", "--even-shares",
+               "--no-progress", "--no-plain", "--schedule-head", "--frozen-update", "momentum", "--even-shares",
                "--schedule-embeddings"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "task_head always trains, frozen_update=momentum, min_train_share=even, scheduled_kinds=all" in out
+    assert "rate 0.7, frozen_update=momentum, min_train_share=even, scheduled_kinds=all" in out   # head scheduled
     assert "each scheduled layer trains in about 30% of the steps" in out
-    assert "the classifier head trains every step; frozen layers keep moving by their AdamW moments" in out
+    assert "the classifier head trains" not in out and "; frozen layers keep moving by their AdamW moments" in out
 
 
 @pytest.mark.skipif(not _assets_present(), reason="offline assets not installed (bash scripts/setup.sh demo)")

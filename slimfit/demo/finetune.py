@@ -37,12 +37,12 @@ class Prepared:
     on_batch: Optional[Callable] = None
 
 
-def prepare_preset(preset, rate: float, always_train=(), scheduler_options: dict | None = None,
+def prepare_preset(preset, rate: float, always_train=None, scheduler_options: dict | None = None,
                    label: str | None = None) -> Callable:
     """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
     SlimFitConfig) + the scheduler at `rate`
-    (`always_train`: module names the scheduler leaves out and trains every step, e.g. the task head,
-    or "task_head"; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update)."""
+    (`always_train`: module names the scheduler leaves out and trains every step; None, the scheduler's
+    default: the task head; () schedules it; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update)."""
 
     def prepare(model, seed: int) -> Prepared:
         import slimfit
@@ -54,7 +54,7 @@ def prepare_preset(preset, rate: float, always_train=(), scheduler_options: dict
         slimfit.patch(model, config)
         options = dict(scheduler_options or {})
         scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train, **options)
-        heads = [always_train] if isinstance(always_train, str) else list(always_train)
+        heads = list(scheduler.always_train)
         extras = ([f"{'+'.join(heads)} always trains"] if heads else []) + [f"{k}={v}" for k, v in options.items()]
         name = label or (preset if isinstance(preset, str) else "custom config")
         return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras))
@@ -130,7 +130,7 @@ def count_labels(train, test) -> int:
 
 def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: float = 0.7, steps: int,
              batch_size: int, lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True,
-             prepare: Callable | None = None, always_train=(), scheduler_options: dict | None = None,
+             prepare: Callable | None = None, always_train=None, scheduler_options: dict | None = None,
              saved_samples: int = 0) -> RunResult:
     """Fine-tune from `model_dir`; preset None = plain PyTorch, else slimfit with that preset and
     the freezing scheduler at `rate` (with `always_train` and `scheduler_options`, see prepare_preset);

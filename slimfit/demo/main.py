@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frozen-update", default="none", choices=["none", "momentum"],
                    help="what a frozen layer does: 'none' stands still, 'momentum' keeps taking AdamW's step from its "
                         "moments (as SlimFit's published code did) (ILSScheduler frozen_update)")
-    p.add_argument("--head-every-step", action="store_true",
-                   help="leave the fresh classifier head out of scheduling: it trains every step")
+    p.add_argument("--schedule-head", action="store_true",
+                   help="schedule the fresh classifier head like any layer (ILSScheduler always_train=(), SlimFit's "
+                        "rule); by default it trains every step")
     p.add_argument("--even-shares", action="store_true",
                    help="every layer trains equally often, the scores ordering it (ILSScheduler "
                         "min_train_share='even'); by default the scores alone pick the trained layers (SlimFit's rule)")
@@ -134,7 +135,7 @@ def run(args) -> int:
         results.append(finetune(model_dir, train, test, preset=None, **common))
         print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
     results.append(finetune(model_dir, train, test, preset=args.preset,
-                            always_train="task_head" if args.head_every_step else (),
+                            always_train=() if args.schedule_head else None,
                             scheduler_options=_scheduler_options(args), saved_samples=SAVED_SAMPLES, **common))
     print(f"  done: {results[-1].name}: accuracy {100 * results[-1].accuracy:.2f} %", flush=True)
     print()
@@ -144,7 +145,7 @@ def run(args) -> int:
         print(f"\nAt rate {args.rate} each scheduled layer trains in {'' if args.even_shares else 'on average '}about "
               f"{share:.0%} of the steps ({share * args.steps:.0f} of {args.steps} here)"
               + ("" if args.schedule_embeddings else "; the embedding tables train every step")
-              + ("; the classifier head trains every step" if args.head_every_step else "")
+              + ("" if args.schedule_head else "; the classifier head trains every step")
               + ("" if args.frozen_update == "none" else "; frozen layers keep moving by their AdamW moments")
               + " (bench/results/accuracy_text_cpu.md in the source tree).")
     return 0

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 __all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained",
-           "task_head_names", "TASK_HEAD", "candidate_kinds", "KINDS", "keep_kinds"]
+           "task_head_names", "find_task_heads", "default_task_head", "TASK_HEAD", "candidate_kinds", "KINDS",
+           "keep_kinds"]
 
 # always_train="task_head": the freshly initialised head of a Hugging Face task model. These are
 # the attribute names transformers gives it on *ForSequenceClassification / *ForImageClassification /
@@ -209,17 +210,47 @@ def keep_kinds(named: NamedParams, kinds: dict[str, str], scheduled: Sequence[st
     return kept
 
 
+# Wrappers between the model a user holds and the task model with the head: PEFT (base_model.model),
+# torch.compile (_orig_mod), DDP / DataParallel (module).
+_WRAPPER_CHILDREN = ("module", "_orig_mod", "base_model", "model")
+
+
+def find_task_heads(model: nn.Module) -> list[str]:
+    """Names (as in ``model.named_parameters()``) of the task-head modules of ``model``: children named
+    as in TASK_HEAD_MODULES that hold parameters, looked up through wrapper children (PEFT's
+    ``base_model.model``, torch.compile's ``_orig_mod``, DDP's ``module``); empty when there is none."""
+    prefix, module = "", model
+    while True:
+        heads = [prefix + name for name, child in module.named_children()
+                 if name in TASK_HEAD_MODULES and any(True for _ in child.parameters())]
+        if heads:
+            return heads
+        inner = next(((n, c) for n, c in module.named_children() if n in _WRAPPER_CHILDREN), None)
+        if inner is None:
+            return []
+        prefix, module = prefix + inner[0] + ".", inner[1]
+
+
 def task_head_names(model: nn.Module) -> list[str]:
-    """Names of the task-head modules of ``model`` (children named as in TASK_HEAD_MODULES that
-    hold parameters). ValueError when there is none, so a model without a head is not silently
-    scheduled whole."""
+    """``find_task_heads`` of the unwrapped model; ValueError when there is none, so a model without a
+    head is not silently scheduled whole (``always_train="task_head"``)."""
     model = unwrap_model(model)
-    heads = [name for name, child in model.named_children()
-             if name in TASK_HEAD_MODULES and any(True for _ in child.parameters())]
+    heads = find_task_heads(model)
     if not heads:
         raise ValueError(
             f'always_train="task_head": {type(model).__name__} has no task head (a child module named one of '
             f"{TASK_HEAD_MODULES}); name the head's module instead, e.g. always_train=['head'], or leave it out")
+    return heads
+
+
+def default_task_head(model: nn.Module, named: NamedParams) -> list[str]:
+    """The scheduler's default ``always_train``: the task heads of ``model`` that hold scheduled layers
+    (``named``), unless they are all there is to schedule; empty for a model without a head (a bare
+    encoder, a causal LM, a custom module): nothing is left out."""
+    heads = [h for h in find_task_heads(unwrap_model(model))
+             if any(n == h or n.startswith(h + ".") for n, _ in named)]
+    if heads and all(any(n == h or n.startswith(h + ".") for h in heads) for n, _ in named):
+        return []
     return heads
 
 

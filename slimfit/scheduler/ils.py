@@ -39,6 +39,7 @@ from .candidates import (
     KINDS,
     TASK_HEAD,
     candidate_kinds,
+    default_task_head,
     drop_always_trained,
     find_candidates,
     keep_kinds,
@@ -138,10 +139,15 @@ class ILSScheduler:
         layers: with a module: an explicit list of parameter names or (name, param) pairs to
             schedule instead of the default candidates; checked against the model.
         always_train: module (or parameter) names whose candidate parameters are not
-            scheduled and train every step, e.g. ``["classifier"]`` for a freshly initialised
-            task head (SlimFit's code schedules the head like any layer). ValueError when a
-            name matches no candidate. ``"task_head"`` names the fresh head of a Hugging Face
-            task model (``classifier`` / ``score`` / ``qa_outputs``; see ``candidates.task_head_names``).
+            scheduled and train every step, e.g. ``["classifier"]``. ValueError when a name
+            matches no candidate. ``"task_head"`` names the fresh head of a Hugging Face task
+            model (``classifier`` / ``score`` / ``qa_outputs``; see ``candidates.task_head_names``)
+            and raises when there is none. None (default): that head when the model has one and
+            ``layers`` is not given, else nothing; ``()`` schedules the head like any layer
+            (SlimFit's rule). The head trains every step by default because, scheduled, a fresh
+            head trained in about a third of the steps and cost 0.8 points on Rotten Tomatoes
+            (500 steps, 3 seeds: -0.85 against -0.08 with the head every step; docs/fidelity.md),
+            while its activations (the pooled features) are a few KiB.
         frozen_update: ``"none"`` (default): a frozen layer does not move at all. ``"momentum"``:
             a frozen layer that has optimizer state keeps taking the optimizer's step from its
             existing moments (a zero gradient is handed to the optimizer for it), as SlimFit's
@@ -186,7 +192,7 @@ class ILSScheduler:
                  budget_bytes: Optional[float] = None, min_trained_steps: int = 0,
                  min_frozen_steps: int = 0, seed: int = 0, *, base_bytes: float = 0.0,
                  rounding: str = "round", optimizer=None, layers: Optional[Iterable] = None,
-                 always_train: Iterable[str] = (), frozen_update: str = "none",
+                 always_train: Union[str, Iterable[str], None] = None, frozen_update: str = "none",
                  warmup_steps: int = 0, min_train_share: Union[float, str] = 0.0,
                  release_state_after: Optional[int] = None, update_scale: str = "none",
                  scheduled_kinds: Union[str, Iterable[str], None] = None,
@@ -210,7 +216,10 @@ class ILSScheduler:
         if self.scheduled_kinds != KINDS:
             module = model_or_named_params if isinstance(model_or_named_params, nn.Module) else None
             named = keep_kinds(named, candidate_kinds(module, named), self.scheduled_kinds)
-        if always_train == TASK_HEAD:
+        if always_train is None:  # default: a Hugging Face task model's fresh head trains every step
+            always_train = (default_task_head(model_or_named_params, named)
+                            if isinstance(model_or_named_params, nn.Module) and layers is None else ())
+        elif always_train == TASK_HEAD:
             if not isinstance(model_or_named_params, nn.Module):
                 raise TypeError('always_train="task_head" needs the model, not a parameter list')
             always_train = task_head_names(unwrap_model(model_or_named_params))
@@ -485,8 +494,13 @@ class ILSScheduler:
             missing, extra = sorted(mine - theirs), sorted(theirs - mine)
             detail = (f"missing from the state: {missing[:3]}; not in this model: {extra[:3]}"
                       if (missing or extra) else "same names in another order")
+            hint = ""
+            if extra and all(any(n == h or n.startswith(h + ".") for h in self.always_train) for n in extra):
+                hint = (f"; the state schedules {list(self.always_train)}, which this scheduler trains every step "
+                        f"(always_train; by default a task model's fresh head): build it with always_train=() "
+                        f"to resume this state")
             raise ValueError(f"ILSScheduler state does not match this model's candidate layers "
-                             f"({len(names)} in the state, {len(self.names)} here; {detail})")
+                             f"({len(names)} in the state, {len(self.names)} here; {detail}){hint}")
         shapes = [tuple(s) for s in state.get("shapes", [])]
         if shapes and shapes != [tuple(p.shape) for p in self.params]:
             raise ValueError("ILSScheduler state: same layer names but different shapes")

@@ -53,7 +53,7 @@ def test_unscheduled_kinds_train_every_step():
     model = tiny_bert()
     kinds = _kinds(model)    # before the scheduler freezes anything (frozen parameters are no candidates)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.7, optimizer=opt, scheduled_kinds="matmul")
+    sched = ILSScheduler(model, 0.7, optimizer=opt, scheduled_kinds="matmul", always_train=())
     assert set(sched.names) == {n for n, k in kinds.items() if k == "matmul"}
     assert sched.state_dict()["config"]["scheduled_kinds"] == ["matmul"]
     params = dict(model.named_parameters())
@@ -82,12 +82,13 @@ def test_scheduled_kinds_errors_and_explicit_layers():
         ILSScheduler(model, 0.5, layers=only_norms, scheduled_kinds="embedding")
     # An explicit layer list is scheduled whole unless scheduled_kinds is given too.
     assert ILSScheduler(model, 0.5, layers=only_norms).names == only_norms
-    assert ILSScheduler(model, 0.5, scheduled_kinds="all").num_layers == len(kinds)
+    assert ILSScheduler(model, 0.5, scheduled_kinds="all", always_train=()).num_layers == len(kinds)
+    assert ILSScheduler(model, 0.5, scheduled_kinds="all").num_layers == len(kinds) - 1   # the head trains
 
 
 def test_by_default_embeddings_and_norms_train_every_step():
     model = tiny_bert()
     kinds = _kinds(model)
     sched = ILSScheduler(model, 0.7)
-    assert set(sched.names) == {n for n, k in kinds.items() if k == "matmul"}
+    assert set(sched.names) == {n for n, k in kinds.items() if k == "matmul"} - {"classifier.weight"}
     assert sched.scheduled_kinds == ("matmul",)
