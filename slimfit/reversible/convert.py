@@ -30,6 +30,7 @@ from .layouts import SUPPORTED, UnsupportedModel, layout_of_layer
 STATE = "_slimfit_meft"          # per layer: {"plan", "index", "original_class"}
 MODEL_STATE = "_slimfit_meft_model"
 ADAPTER_NAMES = ("meft_ffn_adapter", "meft_attn_adapter", "meft_rev_adapter")
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")  # by transformers version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,16 +170,21 @@ class Plan:
 
     @staticmethod
     def _drop_cache(attn_kwargs):
-        cache = attn_kwargs.get("past_key_values")
-        if cache is None:
+        # transformers renamed the layer's cache argument (past_key_value -> past_key_values -> cache in
+        # 5.24); a cache left in place would append this forward's keys, and the backward recompute would
+        # then attend over them twice: drop it under whichever name the layer takes
+        names = [n for n in CACHE_ARGUMENTS if attn_kwargs.get(n) is not None]
+        if not names:
             return attn_kwargs
-        length = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
-        if length:
-            raise NotImplementedError(
-                "slimfit.reversible: training through a reversible stack with a non-empty key/value cache is not "
-                "supported (the backward pass recomputes each layer)")
         out = dict(attn_kwargs)
-        out["past_key_values"] = None  # nothing is cached while training reversibly
+        for name in names:
+            cache = out[name]
+            length = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+            if length:
+                raise NotImplementedError(
+                    "slimfit.reversible: training through a reversible stack with a non-empty key/value cache is "
+                    "not supported (the backward pass recomputes each layer)")
+            out[name] = None  # nothing is cached while training reversibly
         return out
 
 
