@@ -54,7 +54,8 @@ def prepare_preset(preset, rate: float, always_train=None, scheduler_options: di
         slimfit.patch(model, config)
         options = dict(scheduler_options or {})
         scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, always_train=always_train, **options)
-        heads = list(scheduler.always_train)
+        # the default (the task head trains every step) is said under the table; a choice is named here
+        heads = list(scheduler.always_train) if always_train is not None else []
         extras = ([f"{'+'.join(heads)} always trains"] if heads else []) + [f"{k}={v}" for k, v in options.items()]
         name = label or (preset if isinstance(preset, str) else "custom config")
         return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras))
