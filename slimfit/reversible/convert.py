@@ -172,8 +172,10 @@ class Plan:
     def _drop_cache(attn_kwargs):
         # transformers renamed the layer's cache argument (past_key_value -> past_key_values -> cache in
         # 5.24); a cache left in place would append this forward's keys, and the backward recompute would
-        # then attend over them twice: drop it under whichever name the layer takes
-        names = [n for n in CACHE_ARGUMENTS if attn_kwargs.get(n) is not None]
+        # then attend over them twice: drop it under whichever name the layer takes (known names, or any
+        # argument that is a transformers Cache, so a future rename cannot bring the bug back)
+        names = [n for n, v in attn_kwargs.items()
+                 if v is not None and (n in CACHE_ARGUMENTS or hasattr(v, "get_seq_length"))]
         if not names:
             return attn_kwargs
         out = dict(attn_kwargs)

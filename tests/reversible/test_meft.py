@@ -241,6 +241,23 @@ def test_gpt2_trains_reversibly_with_a_causal_mask(form):
     assert out.shape == (1, 7)
 
 
+
+def test_a_key_value_cache_is_dropped_under_any_name():
+    # transformers renamed the layer's cache argument (past_key_values -> cache in 5.24); a kept cache
+    # doubled the keys in the backward recompute (gradients off by 16-23%). Found by value too.
+    from transformers import DynamicCache
+
+    from slimfit.reversible.convert import Plan
+
+    for name in ("cache", "past_key_values", "a_future_name"):
+        kwargs = {name: DynamicCache(), "attention_mask": None}
+        out = Plan._drop_cache(kwargs)
+        assert out[name] is None and name in kwargs and kwargs[name] is not None  # the caller's dict untouched
+    full = DynamicCache()
+    full.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+    with pytest.raises(NotImplementedError, match="non-empty key/value cache"):
+        Plan._drop_cache({"a_future_name": full})
+
 # ---- dropout replay ------------------------------------------------------------------------------
 
 def test_dropout_replay_is_exact_in_train_mode():
