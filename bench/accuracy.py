@@ -61,7 +61,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   meft1|meft2|meft3 MEFT reversible adapters (slimfit.reversible), streams kept in fp64
 
 Results are appended run by run to the CSV (so an interrupted run keeps what it finished; a
-(method, seed, settings) row already there is skipped unless --force), and the Markdown table
+(method, seed, lr, settings) row already there is skipped unless --force), and the Markdown table
 (mean ± std over seeds) is rebuilt from the CSV after each run.
 """
 from __future__ import annotations
@@ -326,20 +326,31 @@ TABLE_HEAD = ["method", "seeds", "test accuracy % (mean ± std)", "vs full, same
 
 
 def _table(rows: list[dict]) -> list[str]:
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    methods.sort(key=lambda m: m != "full")  # the baseline first, the rest in order of first appearance
-    # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds.
-    full_acc = {r["seed"]: 100 * float(r["accuracy"]) for r in rows if r["method"] == "full"}
-    base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_acc else None
+    # Each seed draws its own train/test split, so a method is compared with full fine-tuning on the same seeds,
+    # at the same learning rate where full fine-tuning ran at it, else at full's usual one (the lr it ran most
+    # seeds at; LoRA's larger lr is compared with that). Rows of one method at two lrs are two table rows.
+    full_by_lr: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["method"] == "full":
+            full_by_lr.setdefault(r["lr"], {})[r["seed"]] = 100 * float(r["accuracy"])
+    usual_lr = max(full_by_lr, key=lambda lr: len(full_by_lr[lr])) if full_by_lr else None
+    lrs_of: dict[str, set[str]] = {}
+    for r in rows:
+        lrs_of.setdefault(r["method"], set()).add(r["lr"])
+    keys = list(dict.fromkeys((r["method"], r["lr"]) for r in rows))
+    keys.sort(key=lambda k: (k[0] != "full", k[0] == "full" and k[1] != usual_lr))  # the baseline first
+    base_saved = statistics.mean(float(r["saved_mib"]) for r in rows if r["method"] == "full") if full_by_lr else None
     body = []
-    for m in methods:
-        rs = [r for r in rows if r["method"] == m]
+    for m, lr in keys:
+        rs = [r for r in rows if r["method"] == m and r["lr"] == lr]
+        full_acc = full_by_lr.get(usual_lr if m == "full" or lr not in full_by_lr else lr, {})
+        label = m if len(lrs_of[m]) == 1 else f"{m}, lr {lr}"
         acc = [100 * float(r["accuracy"]) for r in rs]
         saved = statistics.mean(float(r["saved_mib"]) for r in rs)
         paired = [100 * float(r["accuracy"]) - full_acc[r["seed"]] for r in rs if r["seed"] in full_acc]
         gap = f"{statistics.mean(paired):+.2f}" if paired else ""
         ratio = "" if not base_saved else f"{base_saved / saved:.1f}x"
-        body.append([m, ",".join(r["seed"] for r in rs), _mean_std(acc), gap, f"{saved:.1f}", ratio,
+        body.append([label, ",".join(r["seed"] for r in rs), _mean_std(acc), gap, f"{saved:.1f}", ratio,
                      f"{statistics.median(float(r['step_ms']) for r in rs):.0f}",
                      f"{int(float(rs[0]['trainable_params'])):,}",
                      f"{100 * statistics.mean(float(r['frozen_share']) for r in rs):.0f}%"])
@@ -427,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
               f"`{_results.command('accuracy', ['--task', args.task])}` with the settings of each section (rows: "
               f"{rows_file}). Saved activations: bytes autograd keeps for one "
               f"training step on the same batch, measured after training (scheduler's final frozen set). Each "
-              f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference. Method "
+              f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference "
+              f"(with full fine-tuning at the same lr where it ran at it, else at its usual lr). Method "
               f"names: `python bench/accuracy.py --help`; paper_code / aggressive_pint8 are paper() and "
               f"aggressive() as they were until 2026-11-23 (frozen LayerNorm x̂ top-10% and P int8 / P int8).")
     if args.render_only:
@@ -435,11 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for seed in seeds:
         for m in methods:
-            if not args.force and any(_results.matches(r, method=m, seed=seed) and settings.matches(r) for r in done):
-                print(f"skip {m} seed {seed}: already in {csv_path}")
-                continue
             prepare, few = plans[m]
             lr = args.few_params_lr if few else args.lr
+            if not args.force and any(_results.matches(r, method=m, seed=seed, lr=lr) and settings.matches(r)
+                                      for r in done):
+                print(f"skip {m} seed {seed} at lr {lr}: already in {csv_path}")
+                continue
             r = task.run(seed, prepare, lr, device, not args.no_progress)
             row = {"task": task.name, "method": m, "seed": seed, "steps": args.steps,
                    "batch_size": args.batch_size, "lr": lr, "max_length": args.max_length, "n_train": args.n_train,

@@ -51,3 +51,21 @@ def test_parse_spec():
     assert accuracy.parse_spec("paper+lora") == ("paper+lora", None, {})
     assert accuracy.parse_spec("paper_pint8@0.9+head+mom+warm10+min5") == (
         "paper_pint8", 0.9, {"head": True, "frozen_update": "momentum", "warmup_share": 0.1, "min_train_share": 0.05})
+
+
+def test_a_method_at_two_learning_rates_is_two_rows_paired_at_its_own_lr():
+    rows = [_row("full", 0, 500, 0.80), _row("full", 1, 500, 0.82),
+            _row("paper@0.7", 0, 500, 0.79), _row("paper@0.7", 1, 500, 0.81),
+            _row("full", 0, 500, 0.84, lr="0.0002"), _row("paper@0.7", 0, 500, 0.85, lr="0.0002"),
+            _row("paper@0.9", 0, 500, 0.78, lr="0.0002"),  # no full at this lr on seed 1: paired at 1e-4 too
+            _row("lora", 0, 500, 0.83, lr="0.0005")]
+    md = accuracy.render_markdown(rows, "# title", lambda n: f"seq <= {n}")
+    lines = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split("|")[1].strip() for line in lines] == [
+        "full, lr 0.0001", "full, lr 0.0002", "paper@0.7, lr 0.0001", "paper@0.7, lr 0.0002", "paper@0.9", "lora"]
+    gap = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in lines}
+    assert gap["full, lr 0.0002"] == "+4.00"        # against full at its usual lr (1e-4, two seeds)
+    assert gap["paper@0.7, lr 0.0001"] == "-1.00"   # same lr
+    assert gap["paper@0.7, lr 0.0002"] == "+1.00"   # against full at 2e-4, not 1e-4 (that would say +5.00)
+    assert gap["paper@0.9"] == "-6.00"              # full ran at 2e-4 on seed 0
+    assert gap["lora"] == "+3.00"                   # no full at 5e-4: the usual lr

@@ -35,6 +35,11 @@ def test_quick_run_appends_rows_and_renders_table(tmp_path):
     assert accuracy.main(["--quick", "--no-progress", "--methods", ",".join(methods), "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "accuracy_text_cpu.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == len(methods)
+    # another learning rate is another run, not one already done
+    assert accuracy.main(["--quick", "--no-progress", "--methods", "full", "--lr", "2e-4",
+                          "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "accuracy_text_cpu.csv", newline="") as fh:
+        assert [(r["method"], r["lr"]) for r in csv.DictReader(fh)][-2:] == [("meft1", "0.0005"), ("full", "0.0002")]
 
 
 def test_unknown_method_fails_before_training(tmp_path):
