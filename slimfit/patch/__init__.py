@@ -8,7 +8,7 @@ import warnings
 from torch import nn
 
 from ..config import SlimFitConfig
-from . import handlers, hf_attention, torch_attention
+from . import attention_routes, handlers, torch_attention
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
@@ -24,7 +24,7 @@ from .sampling import (
     remove_hooks,
     sample_ids,
 )
-from .summary import PatchSummary
+from .summary import NOTHING_PATCHED, PatchSummary
 
 MODEL_STATE = "_slimfit_state"
 
@@ -71,6 +71,10 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
         if id(module) in caches and NORM_CACHE in vars(module):
             setattr(module, NORM_CACHE, caches[id(module)])
     install_new_module_check(model)
+    if not any(name != "<sdpa>" for name, _, _ in summary.patched):
+        warnings.warn(f"slimfit.patch: {NOTHING_PATCHED}" + (
+            " (only F.scaled_dot_product_attention calls made in forward, if any, are routed)"
+            if summary.sdpa_router is not None else ""), stacklevel=2)
     setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder,
                                  "filters": (target_modules, exclude_modules)})
     model.slimfit_summary = summary
@@ -155,39 +159,40 @@ def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:
 
 
 def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep) -> str | None:
+    """Route the model's transformers attention modules to slimfit (attention_routes.py); the model keeps
+    its own implementation and code paths. Returns the implementation, or None (not a transformers
+    attention: the caller routes F.scaled_dot_product_attention calls instead)."""
     hf_config = getattr(model, "config", None)
     current = getattr(hf_config, "_attn_implementation", None)
-    if current not in hf_attention.IMPLEMENTATIONS:
+    if current not in attention_routes.IMPLEMENTATIONS:
         summary.skipped.append(("<attention>", type(model).__name__,
                                 f"attention implementation {current!r} is not sdpa/eager "
                                 "(or not a transformers model)"))
         return None
-    hf_attention.register()
-    options = AttentionOptions.from_config(config)
-    n_patched = 0
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name):
-            setattr(module, hf_attention.ATTENTION_OPTIONS, options)
-            saving = config.attention
-            summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
-            n_patched += 1
-    if n_patched == 0:
+    found = _attention_modules(model, keep)
+    if not found:
         summary.skipped.append(("<attention>", type(model).__name__, "no attention module found"))
         return None
-    slimfit_impl = hf_attention.IMPLEMENTATIONS[current]
-    _set_attn_implementation(model, slimfit_impl)
-    return slimfit_impl
+    options = AttentionOptions.from_config(config)
+    saving = config.attention
+    for name, module in found:
+        handlers.swap(module, attention_routes.AttentionMixin, None)
+        setattr(module, attention_routes.ATTENTION_OPTIONS, options)
+        setattr(module, attention_routes.CALLS, attention_routes.AttentionCalls())
+        attention_routes.ensure_routed(module)
+        summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
+        summary.attention_modules.append((name, module))
+    return current
 
 
-def _set_attn_implementation(model: nn.Module, name: str) -> None:
-    # Every (sub)config in the model: encoder-decoder and vision-text models nest them.
-    for module in model.modules():
-        module_config = getattr(module, "config", None)
-        if module_config is not None and hasattr(module_config, "_attn_implementation"):
-            if hasattr(module_config, "_attn_implementation_internal"):
-                module_config._attn_implementation_internal = name
-            else:
-                module_config._attn_implementation = name
+def _attention_modules(model: nn.Module, keep) -> list:
+    """The innermost transformers attention modules (class name ending in 'Attention', holding the
+    config): the ones that call the attention function with themselves as `module`."""
+    found = [(name, module) for name, module in model.named_modules()
+             if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name)]
+    inner = {id(module) for _, module in found}
+    return [(name, module) for name, module in found
+            if not any(id(sub) in inner for sub in module.modules() if sub is not module)]
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -197,7 +202,6 @@ def unpatch(model: nn.Module) -> nn.Module:
     part of a larger one, or left by PEFT's merge_and_unload (patched modules, slimfit's attention
     in its config, no record) is restored as well."""
     found = False
-    reverse = {slimfit_impl: original for original, slimfit_impl in hf_attention.IMPLEMENTATIONS.items()}
     for module in model.modules():
         own = vars(module)  # not getattr: PeftModel forwards unknown attributes to the model it wraps
         if MODEL_STATE in own:
@@ -212,14 +216,10 @@ def unpatch(model: nn.Module) -> nn.Module:
             module.__class__ = original
             delattr(module, ORIGINAL_CLASS)
             delattr(module, OPTIONS)
-        for attr in (NORM_CACHE, hf_attention.ATTENTION_OPTIONS):
+        for attr in (NORM_CACHE, attention_routes.ATTENTION_OPTIONS, attention_routes.CALLS):
             if attr in own:
                 found = True
                 delattr(module, attr)
-        module_config = getattr(module, "config", None)
-        if getattr(module_config, "_attn_implementation", None) in reverse:
-            found = True
-            _set_attn_implementation(module, reverse[module_config._attn_implementation])
     unpatch_causal_lm(model)
     if not found:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do", stacklevel=2)

@@ -1,10 +1,7 @@
-"""slimfit's attention core inside Hugging Face models, through the transformers attention
-registry (no modeling code copied).
-
-Two implementations are registered, one per original implementation, so that the mask a
-model builds is the same as before patching: `slimfit_sdpa` (boolean or no mask, as for
-sdpa) and `slimfit_eager` (additive float mask, as for eager). When no gradient is needed
-the original function runs, so inference is bit-identical to the unpatched model.
+"""slimfit's attention core for one call of a transformers attention function (no modeling
+code copied): `attend` takes the arguments transformers' sdpa / eager attention functions take,
+with the mask the model built for its own implementation. How calls get here without changing
+which implementation the model runs: `attention_routes.py`.
 
 Each call takes one of two paths (`choose_path`, docs/attention.md "Which path"):
 * 'fused': PyTorch's fused kernel, Q/K/V saved compressed, nothing of size S×S kept or
@@ -14,7 +11,6 @@ Each call takes one of two paths (`choose_path`, docs/attention.md "Which path")
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import torch
@@ -25,21 +21,8 @@ from ..autograd.fused_attention import fused_kernel, quantized_bytes
 from ..config import ATTENTION_PATHS
 from .options import AttentionOptions
 
-ATTENTION_OPTIONS = "_slimfit_attention"
-IMPLEMENTATIONS = {"sdpa": "slimfit_sdpa", "eager": "slimfit_eager"}
 PATHS = ATTENTION_PATHS  # choose_path's choices (declared with the config's check of them)
-_registered = False
-_warned_unpatched = False
 _warned_fallback: set = set()
-
-
-def _original_function(original: str, module):
-    if original == "sdpa":
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward
-    # Each modeling file defines its own eager_attention_forward.
-    return sys.modules[type(module).__module__].eager_attention_forward
 
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -94,70 +77,36 @@ def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_
     return "fused", kernel
 
 
-def _make(original: str):
-    def slimfit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                          is_causal=None, **kwargs):
-        global _warned_unpatched
-        opts = getattr(module, ATTENTION_OPTIONS, None)
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        unsupported = kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
-        # training dropout without a graph (reentrant checkpointing's first pass) still takes slimfit's
-        # seeded mask, the one the recompute draws
-        seeded = opts is not None and module.training and dropout > 0.0
-        if opts is None or not (needs_grad or seeded) or unsupported:
-            if opts is None and needs_grad and not _warned_unpatched:
-                # stacklevel=1: the caller is transformers' attention forward, not the user's code;
-                # the message names the module
-                warnings.warn(f"slimfit: {type(module).__name__} was not patched; using {original} attention",
-                              stacklevel=1)
-                _warned_unpatched = True
-            fn = _original_function(original, module)
-            return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                      **({"is_causal": is_causal} if original == "sdpa" else {}), **kwargs)
-        q_len, kv_len = query.shape[2], key.shape[2]
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-        causal = bool(q_len > 1 and attention_mask is None and causal)
-        if causal and kv_len > q_len:
-            key, value = key[:, :, :q_len], value[:, :, :q_len]
-        p_drop = float(dropout) if module.training else 0.0
-        path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
-        if path == "fused":
-            out = autograd.fused_attention(
-                query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-                dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits,
-                group_size=opts.group_size, check_finite=opts.check_finite,
-            )
-            return out.transpose(1, 2).contiguous(), None
-        if opts.path == "fused" and why not in _warned_fallback:
-            warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
-                          "materializing path (P saved compressed, dropout replayed from a seed)",
-                          stacklevel=1)  # as above: the caller is transformers' attention forward
-            _warned_fallback.add(why)
-        groups = getattr(module, "num_key_value_groups", 1)
-        if groups > 1:
-            key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-        out = autograd.attention(
+def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dropout=0.0, scaling=None,
+           is_causal=None):
+    """slimfit's attention for one call of a transformers attention function (sdpa or eager
+    signature): (output in (B, S, H, D) layout, None), as those functions return."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    causal = bool(q_len > 1 and attention_mask is None and causal)
+    if causal and kv_len > q_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    p_drop = float(dropout) if module.training else 0.0
+    path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
+    if path == "fused":
+        out = autograd.fused_attention(
             query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-            dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits, probs=opts.probs,
-            keep_ratio=opts.keep_ratio, group_size=opts.group_size,
-            dropout_mode="on_v" if opts.dropout_on_v else "seed", check_finite=opts.check_finite,
+            dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits,
+            group_size=opts.group_size, check_finite=opts.check_finite,
         )
         return out.transpose(1, 2).contiguous(), None
-
-    slimfit_attention.__name__ = f"slimfit_attention_{original}"
-    return slimfit_attention
-
-
-def register() -> None:
-    """Registers slimfit_sdpa / slimfit_eager with transformers (once)."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
-
-    masks = {"sdpa": sdpa_mask, "eager": eager_mask}
-    for original, name in IMPLEMENTATIONS.items():
-        AttentionInterface.register(name, _make(original))
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, masks[original])
-    _registered = True
+    if opts.path == "fused" and why not in _warned_fallback:
+        warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
+                      "materializing path (P saved compressed, dropout replayed from a seed)",
+                      stacklevel=1)  # the caller is transformers' attention forward, not the user's code
+        _warned_fallback.add(why)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    out = autograd.attention(
+        query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
+        dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits, probs=opts.probs,
+        keep_ratio=opts.keep_ratio, group_size=opts.group_size,
+        dropout_mode="on_v" if opts.dropout_on_v else "seed", check_finite=opts.check_finite,
+    )
+    return out.transpose(1, 2).contiguous(), None

@@ -53,14 +53,7 @@ def _reduce_ex(self, protocol):
 
 
 def _rebuild(original: type, mixin: type, *args):
-    """Unpickling: the patched class of (original, mixin), and slimfit's attention functions
-    registered with transformers (a patched model's config names them)."""
-    import sys
-
-    if "transformers" in sys.modules:
-        from .hf_attention import register
-
-        register()
+    """Unpickling: the patched class of (original, mixin), made anew in this process."""
     cls = patched_class(original, mixin)
     return cls.__new__(cls, *args)
 

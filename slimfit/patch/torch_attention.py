@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -45,15 +46,33 @@ def _original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 def route(opts: AttentionOptions, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     """One F.scaled_dot_product_attention call, through slimfit when it builds a graph."""
-    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _route(opts, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
+
+
+def _takes(query, key, value, attn_mask, is_causal, enable_gqa) -> bool:
+    """Whether slimfit takes this call: it builds a graph, and SDPA would accept it as it is (SDPA answers
+    broadcasting and its own errors itself)."""
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.dim() != 4 for t in tensors):
-        return _original(*args)
+        return False
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     hq, hk = query.shape[1], key.shape[1]
-    shapes_ok = hq == hk or (enable_gqa and hk and hq % hk == 0)
-    if not needs_grad or not shapes_ok or (attn_mask is not None and is_causal):
-        return _original(*args)  # no graph, or a call SDPA answers itself (broadcasting, its own errors)
+    # one K/V head broadcasts over the query heads (multi-query models call SDPA that way): grouped
+    # query attention with a single group
+    shapes_ok = hq == hk or bool((enable_gqa or hk == 1) and hk and hq % hk == 0)
+    return needs_grad and shapes_ok and not (attn_mask is not None and is_causal)
+
+
+def _route(opts: AttentionOptions, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+           enable_gqa=False) -> tuple:
+    """(output, whether slimfit's core computed it)."""
+    if not _takes(query, key, value, attn_mask, is_causal, enable_gqa):
+        return _original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), False
+    return _slimfit_sdpa(opts, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), True
+
+
+def _slimfit_sdpa(opts, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    hq, hk = query.shape[1], key.shape[1]
     path, _ = choose_path(opts, query, key, value, attn_mask, float(dropout_p), bool(is_causal))
     if path == "fused":
         return autograd.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
@@ -101,18 +120,39 @@ def _rebind_sdpa_global(opts: AttentionOptions):
 
 
 class _SDPARouter(TorchFunctionMode):
-    def __init__(self, opts: AttentionOptions | dict):
+    def __init__(self, opts: AttentionOptions | dict, on_route=None):
         super().__init__()
         self.opts = AttentionOptions.of(opts)
+        self.on_route = on_route  # called once per call slimfit's core computed
+        self.routed = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _SDPA:  # the mode is off while this runs, so slimfit's own calls are not caught
-            return route(self.opts, *args, **kwargs)
+            out, taken = _route(self.opts, *args, **kwargs)
+            if taken and not torch.compiler.is_compiling():
+                self.routed += 1
+                if self.on_route is not None:
+                    self.on_route()
+            return out
         if func is F.multi_head_attention_forward:  # calls SDPA by its global name, with the mode off
             with _rebind_sdpa_global(self.opts):
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+_module_routers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def module_router(module: nn.Module, opts: AttentionOptions, on_route) -> _SDPARouter:
+    """The mode that routes one module's own F.scaled_dot_product_attention calls while entered (made
+    once per module and options, kept beside the module, not on it, so the module pickles as before;
+    `on_route` is called for each call slimfit computed and must not hold the module strongly)."""
+    mode = _module_routers.get(module)
+    if mode is None or mode.opts != opts:
+        mode = _SDPARouter(opts, on_route)
+        _module_routers[module] = mode
+    return mode
 
 
 class _Router:
@@ -139,7 +179,10 @@ def install(model: nn.Module, config, summary) -> bool:
     """Route the model's F.scaled_dot_product_attention calls (config.attention must not be None)."""
     if hasattr(model, ROUTER):
         return True
-    setattr(model, ROUTER, _Router(model, AttentionOptions.from_config(config)))
+    router = _Router(model, AttentionOptions.from_config(config))
+    setattr(model, ROUTER, router)
+    summary.sdpa_router = router
+    summary.attention = "F.scaled_dot_product_attention"
     mode = f"qkv {config.attention.qkv_bits or 'full'}, path {config.attention.path}"
     mha = [name for name, module in model.named_modules() if isinstance(module, nn.MultiheadAttention)]
     for name in mha:

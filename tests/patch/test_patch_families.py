@@ -102,7 +102,7 @@ def test_summary_names_what_was_left_alone():
     _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
     text = str(summary)
     assert "rmsnorm" in text and "swiglu" in text and "linear" in text
-    assert summary.attention == "slimfit_sdpa"
+    assert summary.attention == "sdpa" and model.config._attn_implementation == "sdpa"  # the model's own, unchanged
     _, summary = slimfit.patch(build("llama")[0], SlimFitConfig.exact(), return_summary=True)
     text = str(summary)
     assert "LlamaRMSNorm: layernorm saves in full" in text and "LlamaMLP: silu_bits=None" in text

@@ -1,0 +1,193 @@
+"""How a Hugging Face model's attention calls reach slimfit without changing which branch the
+model's own code takes.
+
+Models compare `config._attn_implementation` with strings ("sdpa", "eager") and pick a code path
+by it (Falcon computes attention inline unless it reads "sdpa"; GPT-2 upcasts only under "eager"),
+so slimfit never renames the implementation. Instead, at the two places where transformers looks the
+attention function up, the function is wrapped, once per process:
+
+* the "sdpa" entry of transformers' attention registry (`AttentionInterface`), which every modeling
+  file consults for a non-eager implementation;
+* the module-level `eager_attention_forward` of each modeling file, which its attention modules fall
+  back to under "eager" (the name is looked up at call time).
+
+A wrapper runs slimfit's core (`hf_attention.attend`) only for a module slimfit patched, and only
+when the call builds a graph; every other call goes to the original function with the very same
+arguments, so unpatched models, eval and `torch.no_grad` are untouched. A patched attention module
+whose own forward calls `F.scaled_dot_product_attention` directly (Falcon's sdpa branch) has those
+calls routed too, by `torch_attention`'s router entered around its forward.
+
+Nothing is claimed without evidence: each patched module counts the forwards that build a graph and
+the calls that reached slimfit (`AttentionCalls`); the summary reports them (`summary.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import weakref
+from collections import Counter
+
+import torch
+
+from . import hf_attention
+from .modules import ORIGINAL_CLASS
+
+ATTENTION_OPTIONS = "_slimfit_attention"
+CALLS = "_slimfit_attention_calls"
+IMPLEMENTATIONS = ("sdpa", "eager")  # the implementations whose calls slimfit can take
+_WRAPPED = "__slimfit_original__"
+# Arguments slimfit's core understands; any other argument the original function names as a parameter
+# (position_bias, softcap, sinks, sliding_window) changes the result when given, so such a call goes
+# to the original function and is counted as a fallback.
+_UNDERSTOOD = {"module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"}
+
+
+@dataclasses.dataclass
+class AttentionCalls:
+    """What happened to one patched attention module's calls (Python ints: no host sync)."""
+
+    forwards: int = 0  # forwards run with gradients enabled
+    reached: int = 0  # calls that took slimfit's core
+    fallbacks: Counter = dataclasses.field(default_factory=Counter)  # reason -> calls left to the original
+
+
+def calls_of(module) -> AttentionCalls | None:
+    return vars(module).get(CALLS)
+
+
+def _count(module, reason: str | None = None) -> None:
+    calls = calls_of(module)
+    if calls is None or torch.compiler.is_compiling():  # a compiled graph must not guard on counters
+        return
+    if reason is None:
+        calls.reached += 1
+    else:
+        calls.fallbacks[reason] += 1
+
+
+def _count_ref(ref) -> None:
+    module = ref()
+    if module is not None:
+        _count(module)
+
+
+def _bind(signature: inspect.Signature, module, args, kwargs) -> dict | None:
+    """The call's arguments by name, as the original function sees them (None: it would refuse them)."""
+    try:
+        bound = signature.bind(module, *args, **kwargs)
+    except TypeError:
+        return None
+    named = dict(bound.arguments)
+    for name, param in signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(named.pop(name, {}))
+    return named
+
+
+def _unsupported(signature: inspect.Signature, named: dict) -> str | None:
+    """Why slimfit's core would not compute what the original does with these arguments, if so."""
+    for name, value in named.items():
+        if value is not None and name not in _UNDERSTOOD and name in signature.parameters:
+            return f"{name} given (slimfit's core does not apply it)"
+    if named.get("softcap") is not None:  # sdpa's function refuses it through **kwargs: so must we
+        return "softcap given (slimfit's core does not apply it)"
+    return None
+
+
+def _wrap(original):
+    """The routing wrapper around one transformers attention function."""
+    signature = inspect.signature(original)
+
+    def slimfit_attention(module, *args, **kwargs):
+        opts = vars(module).get(ATTENTION_OPTIONS)
+        if opts is None:
+            return original(module, *args, **kwargs)
+        named = _bind(signature, module, args, kwargs)
+        query, key, value = (named or {}).get("query"), (named or {}).get("key"), (named or {}).get("value")
+        needs_grad = named is not None and torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value))
+        # training dropout without a graph (reentrant checkpointing's first pass) still takes slimfit's
+        # seeded mask, the one the recompute draws
+        seeded = named is not None and module.training and float(named.get("dropout") or 0.0) > 0.0
+        if not (needs_grad or seeded):
+            return original(module, *args, **kwargs)
+        why_not = _unsupported(signature, named)
+        if why_not is not None:
+            _count(module, why_not)
+            return original(module, *args, **kwargs)
+        _count(module)
+        return hf_attention.attend(module, opts, query, key, value, named.get("attention_mask"),
+                                   dropout=named.get("dropout", 0.0), scaling=named.get("scaling"),
+                                   is_causal=named.get("is_causal"))
+
+    setattr(slimfit_attention, _WRAPPED, original)
+    slimfit_attention.__name__ = f"slimfit_{getattr(original, '__name__', 'attention')}"
+    return slimfit_attention
+
+
+def _route_registry() -> None:
+    from transformers import AttentionInterface
+
+    current = AttentionInterface._global_mapping.get("sdpa")
+    if current is not None and not hasattr(current, _WRAPPED):
+        AttentionInterface.register("sdpa", _wrap(current))
+
+
+def _route_eager(modeling_module) -> None:
+    current = getattr(modeling_module, "eager_attention_forward", None)
+    if callable(current) and not hasattr(current, _WRAPPED):
+        modeling_module.eager_attention_forward = _wrap(current)
+
+
+def ensure_routed(module) -> None:
+    """The wrappers this module's calls go through are in place (idempotent: after unpickling in a new
+    process, or after `model.set_attn_implementation`, the first forward installs them)."""
+    _route_registry()
+    original_class = vars(module).get(ORIGINAL_CLASS, type(module))
+    modeling_module = sys.modules.get(original_class.__module__)
+    if modeling_module is not None:
+        _route_eager(modeling_module)
+
+
+def _calls_sdpa_directly(cls: type) -> bool:
+    """Whether the class's own forward calls F.scaled_dot_product_attention (not through transformers'
+    registry); unknown source counts as yes (routing such calls is harmless when there are none)."""
+    try:
+        return "scaled_dot_product_attention" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return True
+
+
+class AttentionMixin:
+    """A patched transformers attention module: counts its forwards with gradients, makes sure the
+    wrappers are in place, and routes its own direct F.scaled_dot_product_attention calls."""
+
+    def forward(self, *args, **kwargs):
+        original = vars(self)[ORIGINAL_CLASS]
+        if not torch.is_grad_enabled() and not self.training:
+            return original.forward(self, *args, **kwargs)
+        ensure_routed(self)
+        calls = calls_of(self)
+        if calls is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            calls.forwards += 1
+        router = _direct_router(self, original)
+        if router is None:
+            return original.forward(self, *args, **kwargs)
+        with router:
+            return original.forward(self, *args, **kwargs)
+
+
+_DIRECT: dict = {}  # class -> whether its forward calls SDPA directly
+
+
+def _direct_router(module, original: type):
+    if original not in _DIRECT:
+        _DIRECT[original] = _calls_sdpa_directly(original)
+    if not _DIRECT[original]:
+        return None
+    from .torch_attention import module_router
+
+    return module_router(module, vars(module)[ATTENTION_OPTIONS], functools.partial(_count_ref, weakref.ref(module)))
+
