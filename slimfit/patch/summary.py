@@ -69,7 +69,9 @@ class PatchSummary:
         lines = [f"slimfit patch (family: {self.family}); attention: {self.attention or 'left alone'}"]
         if not self.compresses_anything():
             lines.append(f"  {NOTHING_PATCHED}")
-        for key, count in sorted(self.counts().items()):
+        # the model-wide SDPA router is reported by the attention line, with the calls it actually took
+        listed = Counter(f"{kind}[{mode}]" for name, kind, mode in self.patched if name != "<sdpa>")
+        for key, count in sorted(listed.items()):
             lines.append(f"  patched {count:4d} x {key}")
         lines += self._attention_lines()
         reasons = Counter((cls, reason) for _, cls, reason in self.skipped)
