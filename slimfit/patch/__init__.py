@@ -92,12 +92,12 @@ def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: Patch
         install_hooks(model)
     if config.stochastic or holder is not None:
         install_seed_hook(model)
+    if config.lm_head_chunk_rows is not None:  # first: its patch-time probe forward is no training forward
+        patch_causal_lm(model, config.lm_head_chunk_rows, summary)
     if config.attention is not None:
         summary.attention = _patch_attention(model, config, summary, keep)
         if summary.attention is None:  # not a transformers attention: route its F.scaled_dot_product_attention calls
             torch_attention.install(model, config, summary)
-    if config.lm_head_chunk_rows is not None:
-        patch_causal_lm(model, config.lm_head_chunk_rows, summary)
 
 
 def patch_summary(model: nn.Module) -> PatchSummary | None:

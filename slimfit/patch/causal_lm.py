@@ -11,9 +11,11 @@ it, and computes the loss from the last hidden state and the head's weight (and 
 
     out = model(input_ids, attention_mask=..., labels=labels)   # out.loss as the model's own, out.logits is None
 
-Only classes whose forward is known to be `logits = lm_head(hidden); loss = loss_function(logits, labels,
-vocab_size, **kwargs)` with nothing in between (no logit scaling or soft-capping) are patched; others
-are left alone and reported in the summary.
+A transformers `*ForCausalLM` / `*LMHeadModel` is taken when its structure fits and a probe agrees:
+its head is a linear layer of `vocab_size` rows, its loss is transformers' `ForCausalLMLoss`, no config
+field scales or soft-caps the logits, and at patch time, on a small random input, the chunked loss equals
+the model's own loss (so a forward that applies anything between head and loss is found and left
+alone). Others are left alone and reported in the summary with the reason.
 """
 from __future__ import annotations
 
@@ -26,11 +28,14 @@ from torch import nn
 
 from ..autograd.linear_cross_entropy import causal_lm_loss
 
-__all__ = ["SUPPORTED", "patch_causal_lm", "unpatch_causal_lm", "CAUSAL_LM_OPTIONS"]
+__all__ = ["patch_causal_lm", "unpatch_causal_lm", "CAUSAL_LM_OPTIONS"]
 
 CAUSAL_LM_OPTIONS = "_slimfit_causal_lm"
-# Checked against the installed transformers' modeling code (forward signatures and bodies).
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel")
+PROBE_TOKENS = 8
+# The probe's agreement bound, relative to the loss: the chunked loss and the model's own differ only by
+# summation order in fp32 (about 1e-7); 16-bit logits round at about 4e-3.
+PROBE_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9}
+PROBE_TOLERANCE_16BIT = 2e-2
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -51,9 +56,9 @@ def _hf_causal_lm_loss():
 def _why_not(model: nn.Module) -> str | None:
     """Why `model` cannot take the chunked loss (None when it can)."""
     cls = type(model)
-    if cls.__name__ not in SUPPORTED or not cls.__module__.startswith("transformers."):
-        return (f"chunked LM loss knows {', '.join(SUPPORTED)} (their forward applies nothing between head and "
-                "loss); this class keeps its own head and loss")
+    if not cls.__module__.startswith("transformers."):
+        return ("not a transformers class (its forward may differ from its parent's): "
+                "this class keeps its own head and loss")
     if "forward" in vars(model):
         return "forward is already replaced on this instance: left as is"
     cfg = getattr(model, "config", None)
@@ -68,6 +73,31 @@ def _why_not(model: nn.Module) -> str | None:
         return "head rows differ from config.vocab_size: the model's own head and loss are kept"
     if model.loss_function is not _hf_causal_lm_loss():
         return "a custom loss_function is set: the model's own head and loss are kept"
+    return None
+
+
+def _probe_disagrees(model: nn.Module, chunk_rows: int) -> str | None:
+    """Run the model's own forward and the chunked one on PROBE_TOKENS random tokens (eval mode, so no
+    dropout) and compare the losses; a reason when they differ or the probe cannot run, else None."""
+    head = model.get_output_embeddings()
+    ids = torch.randint(0, head.weight.shape[0], (1, PROBE_TOKENS), device=head.weight.device,
+                        generator=torch.Generator(device=head.weight.device).manual_seed(0))
+    was_training = model.training
+    setattr(model, CAUSAL_LM_OPTIONS, {"chunk_rows": int(chunk_rows)})
+    try:
+        model.eval()
+        with torch.enable_grad():
+            own = type(model).forward(model, input_ids=ids, labels=ids).loss.detach()
+            chunked = _chunked_forward(model, input_ids=ids, labels=ids).loss.detach()
+    except Exception as exc:  # noqa: BLE001 - any failure means: leave the model's own forward alone
+        return f"the patch-time probe could not run ({type(exc).__name__}: {exc}): its own head and loss are kept"
+    finally:
+        model.train(was_training)
+        delattr(model, CAUSAL_LM_OPTIONS)
+    bound = PROBE_TOLERANCE.get(head.weight.dtype, PROBE_TOLERANCE_16BIT) * max(1.0, float(own.abs()))
+    if not bool((own - chunked).abs() <= bound):
+        return (f"on a probe input its own loss ({float(own):.6g}) differs from the chunked one "
+                f"({float(chunked):.6g}): its forward transforms the logits; its own head and loss are kept")
     return None
 
 
@@ -90,8 +120,10 @@ def _chunked_forward(self, *args, **kwargs):
     labels = arguments.get("labels")
     keep = arguments.get("logits_to_keep", 0)
     head = self.get_output_embeddings()
+    # mixture-of-experts models add the router's auxiliary loss when asked: their own forward computes it
+    router_loss = arguments.get("output_router_logits", getattr(self.config, "output_router_logits", False))
     if (labels is None or not isinstance(keep, int) or keep != 0 or not isinstance(head, nn.Linear)
-            or self.loss_function is not _hf_causal_lm_loss()):
+            or self.loss_function is not _hf_causal_lm_loss() or router_loss):
         return original(self, *args, **kwargs)
 
     # The arguments the model's own forward gives its base model: every named one but labels and
@@ -122,6 +154,8 @@ def patch_causal_lm(model: nn.Module, chunk_rows: int, summary) -> None:
             continue
         path = name or "(root)"
         why = _why_not(module)
+        if why is None:
+            why = _probe_disagrees(module, chunk_rows)
         if why is not None:
             summary.skipped.append((path, type(module).__name__, why))
             continue

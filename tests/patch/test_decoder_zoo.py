@@ -4,6 +4,7 @@ sees later tokens in training, exact() trains bit-identically, and the summary s
 calls reached slimfit."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -103,3 +104,33 @@ def test_exact_trains_bit_identically(name):
     assert patched.keys() == plain.keys()
     for key, grad in plain.items():
         assert torch.equal(patched[key], grad), key
+
+
+# Families whose head or loss is not a plain linear + cross-entropy: the chunked loss leaves them alone.
+LOGIT_TRANSFORMS = {"gemma2": "final_logit_softcapping", "cohere": "logit_scale"}
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_chunked_lm_loss_wherever_the_head_is_a_linear(name):
+    model, ids = build_decoder(name)
+    for module in model.modules():  # compare the loss path alone: no dropout draws
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.train()
+    torch.manual_seed(5)  # functional dropout (OPT) draws the same masks in both runs
+    own = model(ids, labels=ids).loss
+    own.backward()
+    head = model.get_output_embeddings().weight
+    own_grad = head.grad.clone()
+    model.zero_grad(set_to_none=True)
+    slimfit.patch(model, dataclasses.replace(SlimFitConfig.exact(), lm_head_chunk_rows=7))
+    torch.manual_seed(5)
+    out = model(ids, labels=ids)
+    chunked = [entry for entry in model.slimfit_summary.patched if entry[1] == "causal-lm loss"]
+    if name in LOGIT_TRANSFORMS:
+        assert not chunked and LOGIT_TRANSFORMS[name] in str(model.slimfit_summary)
+        return
+    assert chunked and out.logits is None
+    torch.testing.assert_close(out.loss, own, rtol=1e-6, atol=0)
+    out.loss.backward()
+    torch.testing.assert_close(head.grad, own_grad, rtol=1e-5, atol=1e-7)
