@@ -11,6 +11,7 @@ inserts one (tests, user code), `unregister` removes it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,6 +26,7 @@ from .modules import (
     Conv1DMixin,
     ConvMixin,
     DropoutMixin,
+    FusedSwiGLUMixin,
     GELUMixin,
     LayerNormMixin,
     LinearMixin,
@@ -43,6 +45,15 @@ from .options import (
     Sampling,
 )
 from .sampling import NORM_CACHE
+from .structure import (
+    activation_attribute,
+    agrees,
+    gated_mlp_layout,
+    is_rmsnorm_shaped,
+    norm_epsilon,
+    probe_input,
+    random_weight,
+)
 from .summary import PatchSummary
 
 QUIET = ""  # a skip reason that leaves the module alone without a line in the summary
@@ -78,6 +89,9 @@ class Handler:
     describe: Callable | None = None  # (ctx, options) -> the summary's mode text
     skip: Callable | None = None  # (ctx, module) -> None (patch it) or a reason (QUIET: no summary line)
     on_patch: Callable | None = None  # (ctx, module, options) -> None, after the class swap
+    # (ctx, module) -> None when the swapped module's forward agrees with its original on a probe input
+    # (structure.agrees), else the reason it is left alone; the swap is undone then
+    verify: Callable | None = None
 
 
 def swap(module: nn.Module, mixin: type, options) -> None:
@@ -99,9 +113,21 @@ def handle(name: str, module: nn.Module, ctx: PatchContext, summary: PatchSummar
         return
     options = handler.options(ctx, name, module)
     swap(module, handler.mixin, options)
+    reason = handler.verify(ctx, module) if handler.verify is not None else None
+    if reason is not None:
+        unswap(module)
+        summary.skipped.append((name, type(module).__name__, reason))
+        return
+    options = getattr(module, OPTIONS)  # verify may have chosen a variant (an RMSNorm's weight offset)
     if handler.on_patch is not None:
         handler.on_patch(ctx, module, options)
     summary.patched.append((name, handler.kind, handler.describe(ctx, options)))
+
+
+def unswap(module: nn.Module) -> None:
+    module.__class__ = vars(module)[ORIGINAL_CLASS]
+    delattr(module, ORIGINAL_CLASS)
+    delattr(module, OPTIONS)
 
 
 def register(handler: Handler, before: str | None = None) -> Handler:
@@ -155,8 +181,19 @@ def conv1d_class():
 # -- linear (nn.Linear, MHA's out_proj, GPT-2's Conv1D) -------------------------------------------------
 
 def _is_linear(module, ctx) -> bool:
-    cls = type(module)
-    return cls is nn.Linear or cls.__name__ == "NonDynamicallyQuantizableLinear"
+    return isinstance(module, nn.Linear)
+
+
+def _verify_linear(ctx: PatchContext, module) -> str | None:
+    """nn.Linear itself is known; a subclass (FalconLinear, quantized linears) is taken only when its
+    forward agrees with slimfit's linear on a probe input."""
+    original = vars(module)[ORIGINAL_CLASS]
+    if original is nn.Linear or original.forward is nn.Linear.forward:
+        return None
+    if agrees(module, original, probe_input(module.in_features, module.weight)):
+        return None
+    return (f"an nn.Linear subclass whose forward differs from F.linear on a probe input (quantized or "
+            f"modified weights?): {original.__name__} left as is")
 
 
 def _is_conv1d(module, ctx) -> bool:
@@ -205,18 +242,41 @@ def _gelu_options(ctx: PatchContext, name: str, module) -> GELUOptions:
     return GELUOptions.from_config(ctx.config, module.approximate if approx is None else approx)
 
 
+def _is_gated_mlp(module, ctx) -> bool:
+    """gate/up/down projections and an activation child, or a class a family lists (whose forward the
+    probe still checks)."""
+    if type(module).__name__ in ctx.swiglu_mlps:
+        return True
+    return gated_mlp_layout(module) == "separate" and activation_attribute(module, (nn.Module,)) is not None
+
+
+def _is_fused_gated_mlp(module, ctx) -> bool:
+    """A fused gate_up projection ([gate, up] along the last dimension), down_proj and an activation child."""
+    return gated_mlp_layout(module) == "fused" and activation_attribute(module, (nn.Module,)) is not None
+
+
 def _swiglu_skip(ctx: PatchContext, module) -> str | None:
     if ctx.config.silu_bits is None:
         return "silu_bits=None (SwiGLU product saved as in PyTorch)"
-    act_fn = getattr(module, "act_fn", None)
-    if type(act_fn) not in ctx.silu_classes:
-        return (f"act_fn is {type(act_fn).__name__}, not SiLU: MLP left as is (its activation is patched on its "
-                "own if slimfit knows it)")
+    if activation_attribute(module, ctx.silu_classes) is None:
+        attribute = activation_attribute(module, (nn.Module,))
+        return (f"{attribute} is {type(getattr(module, attribute)).__name__}, not SiLU: gated MLP left as is (its "
+                "activation is patched on its own if slimfit knows it)")
     return None
 
 
+def _verify_mlp(ctx: PatchContext, module) -> str | None:
+    original = vars(module)[ORIGINAL_CLASS]
+    first = module.gate_up_proj if gated_mlp_layout(module) == "fused" else module.gate_proj
+    if agrees(module, original, probe_input(first.in_features, first.weight)):
+        return None
+    return ("gated-MLP-shaped, but its forward differs from down(silu(gate(x)) * up(x)) on a probe input: "
+            "left as is (its linears are patched on their own)")
+
+
 def _claim_act_fn(ctx: PatchContext, module, options) -> None:
-    ctx.claimed.add(id(module.act_fn))  # the MLP computes silu(gate) itself: its act_fn is not patched
+    # the MLP computes silu(gate) itself: its activation child is not patched
+    ctx.claimed.add(id(getattr(module, activation_attribute(module, ctx.silu_classes))))
 
 
 # -- norms, conv, dropout ----------------------------------------------------------------------------------
@@ -232,8 +292,34 @@ def _conv_skip(ctx: PatchContext, module) -> str | None:
     return None
 
 
+def _is_rmsnorm(module, ctx) -> bool:
+    return type(module).__name__ in ctx.rmsnorms or is_rmsnorm_shaped(module)
+
+
+def _rmsnorm_options(ctx: PatchContext, name: str, module) -> NormOptions:
+    return NormOptions.from_config(ctx.config, eps_attribute=norm_epsilon(module) or "variance_epsilon")
+
+
+def _verify_rmsnorm(ctx: PatchContext, module) -> str | None:
+    """Llama's formula, or Gemma's (1 + w): whichever agrees with the module on a probe input."""
+    original, opts = vars(module)[ORIGINAL_CLASS], getattr(module, OPTIONS)
+    x = probe_input(module.weight.shape[0], module.weight)
+    # random weights for the probe: at initialisation (all ones, all zeros) formulas coincide
+    with random_weight(module.weight):
+        for offset in (0.0, 1.0):
+            setattr(module, OPTIONS, dataclasses.replace(opts, weight_offset=offset))
+            if agrees(module, original, x):
+                return None
+    return _RMSNORM_UNKNOWN
+
+
+def _rmsnorm_mode(ctx: PatchContext, opts: NormOptions) -> str:
+    return _norm_mode(ctx, opts) + (", weight 1 + w" if opts.weight_offset else "")
+
+
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_RMSNORM_UNKNOWN = "RMSNorm variant whose formula slimfit does not know (saved as in PyTorch)"
+_RMSNORM_UNKNOWN = ("a norm (one 1-D weight, an epsilon) whose formula slimfit does not know: neither w nor "
+                    "1 + w times x * rsqrt(mean(x²) + eps) matches its forward on a probe input (saved as in PyTorch)")
 
 
 def _unknown_reason(ctx: PatchContext, module) -> str:
@@ -245,7 +331,8 @@ def _linear_handler(matches, mixin) -> Handler:
 
 
 HANDLERS: list = [
-    _linear_handler(_is_linear, LinearMixin),
+    Handler("linear", _is_linear, LinearMixin, _linear_options, _linear_mode, on_patch=_linear_cache,
+            verify=_verify_linear),
     _linear_handler(_is_conv1d, Conv1DMixin),
     Handler("gelu", lambda module, ctx: type(module) in ctx.gelu_kinds, GELUMixin, _gelu_options,
             lambda ctx, opts: f"{opts.bits}-bit input ({opts.approximate})",
@@ -254,16 +341,21 @@ HANDLERS: list = [
             lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
             lambda ctx, opts: f"{opts.bits}-bit input",
             skip=lambda ctx, module: "silu_bits=None" if ctx.config.silu_bits is None else None),
-    Handler("swiglu", lambda module, ctx: type(module).__name__ in ctx.swiglu_mlps, SwiGLUMixin,
+    Handler("swiglu", _is_gated_mlp, SwiGLUMixin,
             lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
-            lambda ctx, opts: f"gate and up {opts.bits}-bit", skip=_swiglu_skip, on_patch=_claim_act_fn),
+            lambda ctx, opts: f"gate and up {opts.bits}-bit", skip=_swiglu_skip, on_patch=_claim_act_fn,
+            verify=_verify_mlp),
+    Handler("swiglu", _is_fused_gated_mlp, FusedSwiGLUMixin,
+            lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
+            lambda ctx, opts: f"fused gate_up, gate and up {opts.bits}-bit", skip=_swiglu_skip,
+            on_patch=_claim_act_fn, verify=_verify_mlp),
     Handler("layernorm", lambda module, ctx: type(module) is nn.LayerNorm, LayerNormMixin,
             lambda ctx, name, module: NormOptions.from_config(ctx.config), _norm_mode,
             skip=lambda ctx, module: "layernorm saves in full" if ctx.norms_full else None),
-    Handler("rmsnorm", lambda module, ctx: type(module).__name__ in ctx.rmsnorms, RMSNormMixin,
-            lambda ctx, name, module: NormOptions.from_config(ctx.config), _norm_mode,
+    Handler("rmsnorm", _is_rmsnorm, RMSNormMixin, _rmsnorm_options, _rmsnorm_mode,
             skip=lambda ctx, module: ("layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full
-                                      else None)),
+                                      else None),
+            verify=_verify_rmsnorm),
     Handler("conv", lambda module, ctx: type(module) in _CONVS, ConvMixin, lambda ctx, name, module: ConvOptions(),
             lambda ctx, opts: "frozen fast path (trainable: as PyTorch)", skip=_conv_skip),
     Handler("dropout", lambda module, ctx: type(module) is nn.Dropout, DropoutMixin,

@@ -126,8 +126,8 @@ class SiLUMixin:
 
 
 class SwiGLUMixin:
-    """A SwiGLU MLP (LlamaMLP, MistralMLP, Qwen2MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) with
-    act_fn SiLU) whose product silu(gate) * up saves gate and up quantized instead of three full tensors.
+    """A SwiGLU MLP (down_proj(act(gate_proj(x)) * up_proj(x)) with a SiLU activation: Llama, Mistral,
+    Qwen2/3, OLMo ...) whose product silu(gate) * up saves gate and up quantized instead of three full tensors.
     The projections are called in the original order, so their own patches apply as usual."""
 
     def forward(self, x):
@@ -139,15 +139,32 @@ class SwiGLUMixin:
         return self.down_proj(h)
 
 
+class FusedSwiGLUMixin:
+    """A SwiGLU MLP whose gate and up projections are one linear (Phi-3's gate_up_proj: [gate, up] along the
+    last dimension): down_proj(silu(gate) * up), gate and up saved quantized as in SwiGLUMixin."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return _original_forward(self, x)
+        opts = getattr(self, OPTIONS)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        h = swiglu(gate, up, bits=opts.bits, group_size=opts.group_size, stochastic=opts.stochastic,
+                   check_finite=opts.check_finite)
+        return self.down_proj(h)
+
+
 class RMSNormMixin:
-    """Llama-layout RMSNorm saving x̂ (compressed by what the weight's requires_grad selects) and rstd."""
+    """RMSNorm (Llama's formula, or with the weight offset NormOptions names) saving x̂ (compressed by what
+    the weight's requires_grad selects) and rstd."""
 
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         opts = getattr(self, OPTIONS)
         save = opts.save if self.weight.requires_grad else opts.save_frozen
-        return rms_norm(x, self.weight, self.variance_epsilon, save=save, keep_ratio=opts.keep_ratio,
+        # Gemma's (1 + w): the offset weight is a fresh (D,) tensor, its gradient the weight's
+        weight = self.weight if opts.weight_offset == 0.0 else self.weight + opts.weight_offset
+        return rms_norm(x, weight, getattr(self, opts.eps_attribute), save=save, keep_ratio=opts.keep_ratio,
                         group_size=opts.group_size, check_finite=opts.check_finite)
 
 

@@ -67,19 +67,22 @@ class GELUOptions:
 
 @dataclass(frozen=True)
 class NormOptions:
-    """LayerNorm and Llama-layout RMSNorm: x̂ saved as `save` (trainable weight) / `save_frozen`."""
+    """LayerNorm and RMSNorm: x̂ saved as `save` (trainable weight) / `save_frozen`. For an RMSNorm, the
+    attribute holding its epsilon and the offset its formula adds to the weight (Gemma's `1 + w`)."""
 
     save: str
     save_frozen: str
     keep_ratio: float
     group_size: int
     check_finite: bool = False
+    eps_attribute: str = "variance_epsilon"
+    weight_offset: float = 0.0
 
     @classmethod
-    def from_config(cls, config: SlimFitConfig):
+    def from_config(cls, config: SlimFitConfig, **norm):
         return cls(save=config.layernorm, save_frozen=config.layernorm_frozen,
                    keep_ratio=config.layernorm_keep_ratio, group_size=config.group_size,
-                   check_finite=config.check_finite)
+                   check_finite=config.check_finite, **norm)
 
 
 @dataclass(frozen=True)

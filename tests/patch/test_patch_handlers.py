@@ -90,14 +90,26 @@ def toy_family():
         families.unregister(TOY)
 
 
-def test_unregistered_toy_model_gets_the_generic_patch():
+class ToyScaledRMSNorm(ToyRMSNorm):  # RMSNorm-shaped, another formula
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_unregistered_toy_model_is_recognised_by_structure():
     model = ToyModel()
     summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     assert summary.family == "generic" and summary.notes == ()
-    kinds = {kind for _, kind, _ in summary.patched}
-    assert "swiglu" not in kinds and "rmsnorm" not in kinds
-    # a class named *RMSNorm that no family knows: left alone with the reason
-    assert ("layers.0.norm", "ToyRMSNorm", handlers._RMSNORM_UNKNOWN) in summary.skipped
+    kinds = [kind for _, kind, _ in summary.patched]
+    assert kinds.count("swiglu") == 2 and kinds.count("rmsnorm") == 2  # no family lists them: structure + probe
+    assert [name for name, _, _ in summary.skipped] == ["<attention>"]
+
+
+def test_a_norm_shaped_module_of_another_formula_is_left_alone_with_the_reason():
+    model = ToyModel()
+    model.layers[0].norm = ToyScaledRMSNorm(32)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
+    assert ("layers.0.norm", "ToyScaledRMSNorm", handlers._RMSNORM_UNKNOWN) in summary.skipped
+    assert type(model.layers[0].norm) is ToyScaledRMSNorm and not hasattr(model.layers[0].norm, ORIGINAL_CLASS)
 
 
 def test_a_registered_family_patches_its_modules(toy_family):

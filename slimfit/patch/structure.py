@@ -1,0 +1,94 @@
+"""Recognising layers by what they compute, not by their class name.
+
+A handler takes a module when its structure fits (the predicates below: a norm with a 1-D weight and an
+epsilon, a gated MLP with gate/up/down projections or a fused gate_up projection and a SiLU activation)
+and, at patch time, slimfit's forward gives bit-identical output to the module's own forward on a small
+seeded probe input (`agrees`). A module that fits but disagrees is left alone, and the summary says so.
+Model code changes every release; a list of class names is always behind, a probe is not.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+PROBE_ROWS = (2, 3)  # the probe input's leading shape: small, and more than one row
+_EPS_ATTRIBUTES = ("variance_epsilon", "eps", "epsilon")
+_ACTIVATION_ATTRIBUTES = ("act_fn", "activation_fn", "act")
+
+
+def probe_input(features: int, like: torch.Tensor) -> torch.Tensor:
+    """A seeded random (2, 3, features) input in `like`'s dtype and device (the module's weights)."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(*PROBE_ROWS, features, generator=generator).to(dtype=like.dtype, device=like.device)
+
+
+def agrees(module: nn.Module, original_class: type, x: torch.Tensor) -> bool:
+    """Whether the patched `module` (its class already swapped) computes, with a graph, output
+    bit-identical to its original class's forward on `x` (same dtype, same values)."""
+    try:
+        with torch.no_grad():
+            expected = original_class.forward(module, x)
+        with torch.enable_grad():
+            got = module(x.detach().requires_grad_(True))
+    except Exception:  # noqa: BLE001 - a forward that cannot run on the probe is not taken
+        return False
+    return (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == expected.dtype
+            and torch.equal(got.detach(), expected))
+
+
+@contextlib.contextmanager
+def random_weight(weight: torch.Tensor):
+    """The weight holds seeded random values in [0.5, 1.5) while the block runs, its own values after."""
+    kept = weight.detach().clone()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        weight.copy_((torch.rand(weight.shape, generator=generator) + 0.5).to(weight.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+
+
+def norm_epsilon(module: nn.Module) -> str | None:
+    """The attribute holding a norm's epsilon, if the module has one (a float)."""
+    for name in _EPS_ATTRIBUTES:
+        if isinstance(getattr(module, name, None), float):
+            return name
+    return None
+
+
+def is_rmsnorm_shaped(module: nn.Module) -> bool:
+    """A norm over the last dimension with one 1-D weight, no bias and an epsilon (RMSNorm's parameters);
+    whether it computes RMSNorm, and with which weight offset, the probe decides."""
+    weight = getattr(module, "weight", None)
+    params = dict(module.named_parameters(recurse=False))
+    return (isinstance(weight, nn.Parameter) and weight.dim() == 1 and weight.is_floating_point()
+            and set(params) == {"weight"} and not any(True for _ in module.children())
+            and norm_epsilon(module) is not None and "norm" in type(module).__name__.lower())
+
+
+def activation_attribute(module: nn.Module, classes: tuple) -> str | None:
+    """The name of the module's activation child when it is one of `classes`."""
+    for name in _ACTIVATION_ATTRIBUTES:
+        if isinstance(getattr(module, name, None), classes):
+            return name
+    return None
+
+
+def _linear(module, name: str) -> bool:
+    return isinstance(getattr(module, name, None), nn.Linear)
+
+
+def gated_mlp_layout(module: nn.Module) -> str | None:
+    """'separate' (gate_proj, up_proj, down_proj), 'fused' (gate_up_proj producing [gate, up], down_proj),
+    or None."""
+    if not _linear(module, "down_proj"):
+        return None
+    if _linear(module, "gate_proj") and _linear(module, "up_proj"):
+        return "separate"
+    if _linear(module, "gate_up_proj") and module.gate_up_proj.out_features % 2 == 0:
+        return "fused"
+    return None
