@@ -16,12 +16,12 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
-    if name == "ILSScheduler":
-        from .scheduler import ILSScheduler
+    if name in ("ILSScheduler", "SchedulerConfig"):
+        from . import scheduler
 
-        return ILSScheduler
+        return getattr(scheduler, name)
     raise AttributeError(f"module 'slimfit' has no attribute {name!r}")
 
 
 __all__ = ["kernels", "SlimFitConfig", "AttentionSaving", "LinearSampling", "patch", "unpatch", "compile",
-           "ILSScheduler", "autograd", "memory", "scheduler", "reversible", "__version__"]
+           "ILSScheduler", "SchedulerConfig", "autograd", "memory", "scheduler", "reversible", "__version__"]

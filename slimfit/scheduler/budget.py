@@ -19,7 +19,8 @@ lower bound on the fraction frozen, and the effective rate is whatever the budge
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Optional, Sequence, Union
+import numbers
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -51,21 +52,24 @@ def resolve_activation_bytes(spec: ActivationBytes, layers: Sequence[tuple[str, 
         vals = [spec.get(n, 0) for n in names]
     else:
         raise TypeError("activation_bytes must be a dict {layer name: bytes} or a callable (name, param) -> bytes")
-    out = []
-    for n, v in zip(names, vals):
-        v = float(v)
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"activation_bytes[{n!r}] must be a finite number >= 0, got {v!r}")
-        out.append(v)
+    out = [_byte_count(f"activation_bytes[{n!r}]", v) for n, v in zip(names, vals)]
     return torch.tensor(out[:len(layers)], dtype=torch.float64), float(sum(out[len(layers):]))
+
+
+def _byte_count(what: str, value) -> float:
+    """``value`` as a float of bytes: a finite number >= 0 (or a one-element tensor of one), else a
+    ValueError naming ``what``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number of bytes >= 0, got {type(value).__name__} {value!r:.60}; "
+                         "estimate_activation_bytes(model, batch) measures them")
+    return float(value)
 
 
 def check_budget(bytes_: torch.Tensor, budget_bytes: float, base_bytes: float, names: Sequence[str]) -> None:
     """Raise ValueError unless at least one layer can train within the budget."""
-    if not math.isfinite(float(budget_bytes)) or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number, got {budget_bytes!r}")
-    if base_bytes < 0:
-        raise ValueError(f"base_bytes must be >= 0, got {base_bytes!r}")
+    _check_budget_args(budget_bytes, base_bytes)
     room = budget_bytes - base_bytes
     cheapest = float(bytes_.min())
     if room < cheapest:
@@ -76,14 +80,32 @@ def check_budget(bytes_: torch.Tensor, budget_bytes: float, base_bytes: float, n
             "train. Raise the budget, lower base_bytes, or compress activations further.")
 
 
+def _check_budget_args(budget_bytes, base_bytes) -> None:
+    """budget_bytes a finite number > 0, base_bytes a finite number >= 0 (ValueError naming the argument)."""
+    for name, value, low in (("budget_bytes", budget_bytes, "> 0"), ("base_bytes", base_bytes, ">= 0")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or value < 0 or (low == "> 0" and value == 0):
+            raise ValueError(f"{name} must be a finite number of bytes {low}, got {type(value).__name__} {value!r:.60}")
+
+
 def min_rate_for_budget(bytes_: Union[Sequence[float], torch.Tensor, Mapping[str, float]],
                         budget_bytes: float, base_bytes: float = 0.0) -> float:
     """The smallest freeze rate such that ANY choice of trained layers fits the budget
-    (worst case: the most expensive layers train). Raises ValueError if none does."""
+    (worst case: the most expensive layers train). Raises ValueError if none does, and for
+    arguments that are not byte counts (each named)."""
+    _check_budget_args(budget_bytes, base_bytes)
     if isinstance(bytes_, Mapping):
-        bytes_ = list(bytes_.values())
-    b = sorted((float(x) for x in (bytes_.tolist() if isinstance(bytes_, torch.Tensor) else bytes_)),
-               reverse=True)
+        items = [(f"bytes_[{k!r}]", v) for k, v in bytes_.items()]
+    elif isinstance(bytes_, torch.Tensor):
+        items = [(f"bytes_[{i}]", v) for i, v in enumerate(bytes_.flatten().tolist())]
+    elif isinstance(bytes_, Iterable) and not isinstance(bytes_, str):
+        items = [(f"bytes_[{i}]", v) for i, v in enumerate(bytes_)]
+    else:
+        raise TypeError(f"min_rate_for_budget: bytes_ must be the per-layer activation bytes (a list, a tensor or "
+                        f"a dict name -> bytes), got {type(bytes_).__name__}")
+    if not items:
+        raise ValueError("min_rate_for_budget: bytes_ is empty; pass the activation bytes of every scheduled layer")
+    b = sorted((_byte_count(what, v) for what, v in items), reverse=True)
     n = len(b)
     room = budget_bytes - base_bytes
     k = 0  # how many of the most expensive layers fit together
@@ -95,7 +117,8 @@ def min_rate_for_budget(bytes_: Union[Sequence[float], torch.Tensor, Mapping[str
         k += 1
     if k == 0:
         raise ValueError(f"budget_bytes={budget_bytes:.4g} leaves room for no layer (base_bytes={base_bytes:.4g}, "
-                         f"most expensive layer {b[0] if b else 0:.4g} bytes)")
+                         f"most expensive layer {b[0]:.4g} bytes): no freeze rate meets it whichever layers "
+                         "train; raise the budget or lower base_bytes")
     # Frozen count n - k must be reached by round(rate * n): rate = (n - k) / n suffices.
     return (n - k) / n
 
@@ -114,6 +137,14 @@ def estimate_activation_bytes(model: nn.Module, *args, norm_fraction: float = 0.
     """
     from .candidates import find_candidates
 
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"estimate_activation_bytes: model must be an nn.Module, got {type(model).__name__}; "
+                        "call it as estimate_activation_bytes(model, *inputs)")
+    if isinstance(norm_fraction, bool) or not isinstance(norm_fraction, numbers.Real) \
+            or not 0.0 <= norm_fraction <= 1.0:
+        raise ValueError(f"estimate_activation_bytes: norm_fraction must be a number in [0, 1] (the share of a norm "
+                         f"input freezing its weight saves: 0 for plain PyTorch, about 0.9 for slimfit's patched "
+                         f"LayerNorm), got {type(norm_fraction).__name__} {norm_fraction!r}")
     base = unwrap_model(model)
     cand = layers if layers is not None else find_candidates(base)
     by_id = {id(p): n for n, p in cand}

@@ -4,9 +4,10 @@
                       callbacks=[SlimFitCallback(freeze_rate=0.7)])
 
 The callback builds the scheduler in ``on_train_begin`` — after the Trainer has created the
-optimizer and wrapped the model (DDP included), as DDP requires — attaches the optimizer,
+optimizer and wrapped the model (DDP included), as DDP requires — from its options (keywords, or
+``scheduler=SchedulerConfig(...)``; checked when the callback is built), attaches the optimizer,
 and calls ``scheduler.step()`` in ``on_step_end``, i.e. once per optimizer update (after
-gradient accumulation). Pass a ready ``scheduler=`` instead to control construction: a
+gradient accumulation). Pass a ready ``scheduler=ILSScheduler(...)`` instead to control construction: a
 scheduler freezes nothing until training starts, so an optimizer the Trainer builds from
 ``requires_grad`` still holds every layer (attach_optimizer raises or warns if it does not).
 
@@ -18,7 +19,8 @@ Trainer's logs, and ``on_train_end`` unfreezes every layer (``scheduler.close()`
 Checkpoints: ``on_save`` writes ``slimfit_ils.pt`` into the checkpoint folder; when the
 Trainer resumes (``state.global_step > 0`` at ``on_train_begin``), the callback loads it
 from ``<output_dir>/checkpoint-<global_step>`` (or from ``resume_from=``), after the Trainer
-has restored the model weights, so the resumed run makes the same decisions.
+has restored the model weights, so the resumed run makes the same decisions. A ``resume_from=`` folder
+without the file is an error; a Trainer checkpoint without it warns (the schedule starts afresh).
 
 Under DDP set ``TrainingArguments(ddp_find_unused_parameters=True)`` (see ``ddp.py``).
 
@@ -28,12 +30,14 @@ lazily, so the scheduler itself works without transformers installed.
 from __future__ import annotations
 
 import os
-from typing import Optional
+import warnings
+from typing import Optional, Union
 
 import torch
 from transformers import TrainerCallback
 
 from .candidates import unwrap_model
+from .config import SchedulerConfig
 from .ils import ILSScheduler
 
 __all__ = ["SlimFitCallback", "STATE_FILE"]
@@ -41,26 +45,48 @@ __all__ = ["SlimFitCallback", "STATE_FILE"]
 STATE_FILE = "slimfit_ils.pt"
 
 
+def _check_patch_config(config) -> None:
+    """``config=`` is the patch's SlimFitConfig (None: the model is not patched)."""
+    if config is None:
+        return
+    if isinstance(config, SchedulerConfig):
+        raise TypeError("config= is the SlimFitConfig that patches the model; pass a SchedulerConfig as "
+                        "SlimFitCallback(scheduler=SchedulerConfig(...))")
+    from slimfit.config import SlimFitConfig  # the patch layer, only when a patch is asked for
+
+    if not isinstance(config, SlimFitConfig):
+        raise TypeError(f"config must be a slimfit.SlimFitConfig, got {type(config).__name__}")
+
+
 class SlimFitCallback(TrainerCallback):
     """Steps an :class:`ILSScheduler` inside ``transformers.Trainer``.
 
     Args:
-        scheduler: an existing scheduler (else one is built from the model at train begin).
-        resume_from: a checkpoint folder to load the scheduler state from.
-        config: a ``SlimFitConfig`` to patch the model with when the Trainer is built.
-        **scheduler_kwargs: arguments of :class:`ILSScheduler` (freeze_rate, score, ...).
+        scheduler: an existing ILSScheduler, or a ``SchedulerConfig`` to build one from at train begin
+            (None: the defaults). The options are checked here, when the callback is built, not hours
+            later when training starts.
+        resume_from: a checkpoint folder to load the scheduler state from (an error at train begin
+            when it holds no slimfit_ils.pt).
+        config: a ``slimfit.SlimFitConfig`` to patch the model with when the Trainer is built.
+        **scheduler_kwargs: SchedulerConfig fields by name (freeze_rate, score, ...), as for
+            ILSScheduler; with a SchedulerConfig they change those fields of it.
     """
 
-    def __init__(self, scheduler: Optional[ILSScheduler] = None, resume_from: Optional[str] = None,
-                 config=None, **scheduler_kwargs):
-        if scheduler is not None and scheduler_kwargs:
+    def __init__(self, scheduler: Union[ILSScheduler, SchedulerConfig, None] = None,
+                 resume_from: Optional[str] = None, config=None, **scheduler_kwargs):
+        if isinstance(scheduler, ILSScheduler) and scheduler_kwargs:
             raise TypeError("pass either scheduler= or ILSScheduler arguments, not both")
-        if config is not None and not hasattr(config, "replace"):
-            raise TypeError(f"config must be a slimfit.SlimFitConfig, got {type(config).__name__}")
-        self.scheduler = scheduler
+        if scheduler is not None and not isinstance(scheduler, (ILSScheduler, SchedulerConfig)):
+            raise TypeError(f"scheduler must be an ILSScheduler or a SchedulerConfig, got {type(scheduler).__name__}")
+        _check_patch_config(config)
+        if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+            raise TypeError(f"resume_from must be a checkpoint folder (a path), got {type(resume_from).__name__}")
+        self.scheduler = scheduler if isinstance(scheduler, ILSScheduler) else None
+        # Validated now: a bad option fails when the callback is built, not at on_train_begin.
+        self.scheduler_config = (None if self.scheduler is not None
+                                 else SchedulerConfig.from_options(scheduler, **scheduler_kwargs))
         self.resume_from = resume_from
         self.config = config
-        self.scheduler_kwargs = scheduler_kwargs
         self._frozen_shares: list[float] = []
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
@@ -76,7 +102,7 @@ class SlimFitCallback(TrainerCallback):
         if self.scheduler is None:
             if model is None:
                 raise RuntimeError("SlimFitCallback: the Trainer passed no model to on_train_begin")
-            self.scheduler = ILSScheduler(model, **self.scheduler_kwargs)
+            self.scheduler = ILSScheduler(model, self.scheduler_config)
         if optimizer is not None:
             self.scheduler.attach_optimizer(optimizer)
         path = self.resume_from
@@ -86,6 +112,14 @@ class SlimFitCallback(TrainerCallback):
             f = os.path.join(path, STATE_FILE)
             if os.path.isfile(f):
                 self.scheduler.load_state_dict(torch.load(f, map_location="cpu", weights_only=False))
+            elif self.resume_from is not None:
+                raise FileNotFoundError(f"SlimFitCallback(resume_from={self.resume_from!r}): no {STATE_FILE} in "
+                                        "that folder; give the checkpoint folder the callback saved into "
+                                        "(checkpoint-<step>), or leave resume_from=None")
+            else:
+                warnings.warn(f"SlimFitCallback: the Trainer resumes at step {state.global_step} but {f} does not "
+                              "exist, so the scheduler starts afresh (its decisions differ from the saved run's)",
+                              stacklevel=2)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -80,6 +80,9 @@ def _looks_like_norm_weight(name: str) -> bool:
 
 
 def _pairs(named: Iterable) -> list[tuple[str, nn.Parameter]]:
+    if isinstance(named, (str, torch.Tensor)) or not isinstance(named, Iterable):
+        raise TypeError(f"expected a module or (name, parameter) pairs such as model.named_parameters(); got "
+                        f"{type(named).__name__}")
     pairs: list[tuple[str, nn.Parameter]] = []
     names: set[str] = set()
     ids: set[int] = set()
@@ -258,7 +261,7 @@ def drop_always_trained(named: list[tuple[str, nn.Parameter]],
                         always_train: Iterable[str]) -> list[tuple[str, nn.Parameter]]:
     """``named`` without the parameters under the module prefixes in ``always_train`` (e.g.
     ``["classifier"]``): those stay out of scheduling and train every step. A freshly
-    initialised task head is the usual case: frozen 90% of a short run, it trains too little.
+    initialised task head is the usual case: frozen most of a short run, it trains too little.
     Each prefix must match a candidate, so a typo cannot silently schedule the head."""
     if isinstance(always_train, str):
         always_train = [always_train]

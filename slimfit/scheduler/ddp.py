@@ -80,7 +80,9 @@ def resolve_group(distributed: Optional[bool], process_group=None):
     avail = dist.is_available() and dist.is_initialized()
     if not avail:
         if distributed:
-            raise RuntimeError("distributed=True but torch.distributed is not initialised")
+            raise RuntimeError("distributed=True but torch.distributed is not initialised: call "
+                               "torch.distributed.init_process_group() before building the scheduler, or leave "
+                               "distributed=None (auto)")
         return False, None
     if dist.get_world_size(process_group) <= 1:
         return False, None

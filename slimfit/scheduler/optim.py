@@ -48,7 +48,8 @@ def unwrap_optimizer(optimizer) -> torch.optim.Optimizer:
         else:
             break
     if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError("expected a torch.optim.Optimizer (or a wrapper with .optimizer), "
+        raise TypeError("optimizer: expected a torch.optim.Optimizer (or a wrapper with .optimizer, such as "
+                        "accelerate's AcceleratedOptimizer), "
                         f"got {type(optimizer).__name__}")
     return opt
 
@@ -81,8 +82,11 @@ class FrozenGradGuard:
     """Hooks on one optimizer. ``frozen_params`` returns the parameters frozen right now."""
 
     def __init__(self, optimizer, frozen_params: Callable[[], list], frozen_update: str = "none"):
-        if frozen_update not in FROZEN_UPDATES:
+        if not isinstance(frozen_update, str) or frozen_update not in FROZEN_UPDATES:
             raise ValueError(f"frozen_update must be one of {FROZEN_UPDATES}, got {frozen_update!r}")
+        if not callable(frozen_params):
+            raise TypeError(f"frozen_params must be a callable that returns the parameters frozen right now "
+                            f"(e.g. lambda: frozen), got {type(frozen_params).__name__}")
         self.optimizer = unwrap_optimizer(optimizer)
         self._frozen_params = frozen_params
         self.frozen_update = frozen_update

@@ -18,8 +18,9 @@ Two scores:
     Under Adam/AdamW every entry moves by about lr x |m / sqrt(v)|, so this measures how
     consistently a layer's gradient points one way, the same scale for every kind of layer.
     The two scores above divide by the weights, so under Adam they rank layers mostly by
-    weight magnitude: LayerNorm weights (about 1) and embeddings score 10-100x lower than
-    linear weights and stay frozen (docs/fidelity.md, "which layers train").
+    weight magnitude: LayerNorm weights (about 1) and embeddings score far lower than
+    linear weights and stay frozen (docs/fidelity.md, "which layers train"). Experimental
+    (SchedulerConfig.experimental.score): measured no better (docs/fidelity.md).
 
 Cost: the reductions are multi-tensor (``torch._foreach_*``) over all trained layers of a
 (device, dtype) group, in chunks that bound the temporary memory, and produce one small
@@ -102,8 +103,8 @@ def relative_scores_masked(olds: Sequence[torch.Tensor], news: Sequence[torch.Te
 
 def _l1(ts):
     """Per-tensor Σ|x|. CUDA reduces in a tree (accurate in fp32); the CPU fallback of
-    foreach_norm accumulates fp32 serially (3% off on a 23M-entry embedding), so on the CPU
-    it accumulates in fp64."""
+    foreach_norm accumulates fp32 serially (measurably off on a large embedding; docs/scheduler.md,
+    "Cost of step()"), so on the CPU it accumulates in fp64."""
     if ts[0].device.type == "cpu" and ts[0].dtype != torch.float64:
         return list(torch._foreach_norm(ts, 1, dtype=torch.float64))
     return torch._foreach_norm(ts, 1)
@@ -171,10 +172,7 @@ def compute_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch
         one read of W_old and W_new (and one write of W_old) instead of a dozen passes. Zero
         entries are handled block by block, so no flags are needed.
     """
-    if kind not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}, got {kind!r}")
-    if impl not in ("auto", "foreach", "blocked"):
-        raise ValueError(f"impl must be 'auto', 'foreach' or 'blocked', got {impl!r}")
+    _check_args(kind, olds, news, chunk_numel, zero_flags, impl)
     n = len(olds)
     out = torch.empty(n, dtype=torch.float64)
     if n == 0:
@@ -182,8 +180,6 @@ def compute_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch
     flags = zero_flags if zero_flags is not None else [False] * n
     blocked = [i for i in range(n)
                if impl == "blocked" or (impl == "auto" and news[i].device.type == "cpu")]
-    if impl == "blocked" and any(t.device.type != "cpu" for t in news):
-        raise ValueError("impl='blocked' is for CPU tensors")
     bset = set(blocked)
     rest = [i for i in range(n) if i not in bset]
     with torch.no_grad():
@@ -195,22 +191,57 @@ def compute_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch
             out[torch.tensor(blocked, dtype=torch.long)] = vals
         if rest:
             o, w = [olds[i] for i in rest], [news[i] for i in rest]
-            if kind != "relative":  # no zero-aware variant needed: robust guards its division, absolute has none
-                vals = _run([kind] * len(rest), o, w, chunk_numel, collective)
-            else:
-                fl = [flags[i] for i in rest]
-                vals = _run(["relative_masked" if f else "relative" for f in fl], o, w, chunk_numel, collective)
-                redo = [j for j in range(len(rest)) if not fl[j] and not math.isfinite(vals[j])]
-                if redo:
-                    again = _run(["relative_masked"] * len(redo), [o[j] for j in redo], [w[j] for j in redo],
-                                 chunk_numel, collective)
-                    for k, j in enumerate(redo):
-                        vals[j] = again[k]
-                        flags[rest[j]] = True
-            out[torch.tensor(rest, dtype=torch.long)] = vals
+            fl = [flags[i] for i in rest]
+            out[torch.tensor(rest, dtype=torch.long)] = _foreach_scores(kind, o, w, fl, chunk_numel, collective)
+            for j, i in enumerate(rest):
+                flags[i] = fl[j]
             if refresh:
                 _copy_groups(o, w)
     return out
+
+
+def _check_args(kind, olds, news, chunk_numel, zero_flags, impl) -> None:
+    """compute_scores' arguments, each named in the error: a pair whose tensors differ in shape would
+    otherwise fail inside a multi-tensor op without saying which layer."""
+    if kind not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {kind!r}")
+    if impl not in ("auto", "foreach", "blocked"):
+        raise ValueError(f"impl must be 'auto', 'foreach' or 'blocked', got {impl!r}")
+    if len(olds) != len(news):
+        raise ValueError(f"compute_scores: {len(olds)} snapshots (olds) for {len(news)} weights (news); pass one "
+                         "snapshot per weight, in the same order")
+    for i, (old, new) in enumerate(zip(olds, news)):
+        if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor) or old.shape != new.shape:
+            raise ValueError(f"compute_scores: layer {i}: the snapshot ({_described(old)}) and the weight "
+                             f"({_described(new)}) "
+                             "must be tensors of the same shape; the snapshot must be taken from that weight")
+    if impl == "blocked" and any(t.device.type != "cpu" for t in news):
+        raise ValueError("impl='blocked' is for CPU tensors")
+    if isinstance(chunk_numel, bool) or not isinstance(chunk_numel, int) or chunk_numel < 1:
+        raise ValueError(f"chunk_numel must be an int >= 1 (elements per batched reduction), got {chunk_numel!r}")
+    if zero_flags is not None and len(zero_flags) != len(olds):
+        raise ValueError(f"compute_scores: zero_flags has {len(zero_flags)} entries for {len(olds)} layers (one bool "
+                         "per layer)")
+
+
+def _described(t) -> str:
+    return f"shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _foreach_scores(kind: str, o: list, w: list, flags: list, chunk_numel: int, collective) -> torch.Tensor:
+    """Scores by multi-tensor ops (accelerators). ``relative``: the plain formula, then layers that came back
+    non-finite (some W_old == 0) again zero-aware, flagged in ``flags`` (updated in place) for later steps."""
+    if kind != "relative":  # no zero-aware variant needed: robust guards its division, absolute has none
+        return _run([kind] * len(o), o, w, chunk_numel, collective)
+    vals = _run(["relative_masked" if f else "relative" for f in flags], o, w, chunk_numel, collective)
+    redo = [j for j in range(len(o)) if not flags[j] and not math.isfinite(vals[j])]
+    if redo:
+        again = _run(["relative_masked"] * len(redo), [o[j] for j in redo], [w[j] for j in redo],
+                     chunk_numel, collective)
+        for k, j in enumerate(redo):
+            vals[j] = again[k]
+            flags[j] = True
+    return vals
 
 
 # Elements per block of the CPU path: W_old, W_new and one fp32 temporary of this size stay

@@ -17,6 +17,7 @@ are honoured unless the count or the budget says otherwise.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -33,8 +34,12 @@ def num_frozen(rate: float, n_layers: int, rounding: str = "round") -> int:
     SlimFit code. Never all of them: at least one layer always trains (a schedule with
     every layer frozen would never see a new score again).
     """
-    if not (0.0 <= rate < 1.0) or math.isnan(rate):
-        raise ValueError(f"freeze_rate must be in [0, 1), got {rate!r}")
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (0.0 <= rate < 1.0):
+        raise ValueError(f"freeze_rate must be in [0, 1) (a number: the fraction of layers frozen), got "
+                         f"{type(rate).__name__} {rate!r}")
+    if isinstance(n_layers, bool) or not isinstance(n_layers, numbers.Integral) or n_layers < 0:
+        raise ValueError(f"n_layers must be an int >= 0 (the number of scheduled layers), got "
+                         f"{type(n_layers).__name__} {n_layers!r}")
     if rounding == "round":
         k = math.floor(rate * n_layers + 0.5)
     elif rounding == "floor":

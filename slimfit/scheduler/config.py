@@ -1,0 +1,572 @@
+"""SchedulerConfig: every option of the ILS scheduler, in one validated frozen dataclass.
+
+``ILSScheduler(model, config)`` reads its options from here and nowhere else; keywords
+(``ILSScheduler(model, freeze_rate=0.7)``) are a shorthand for the fields (``SchedulerConfig.from_options``).
+Each field is checked once, in ``__post_init__``, and a bad value raises an error that names the field,
+what it must be and how to fix it, instead of failing later deep inside the scheduler.
+
+Options measured neutral or harmful (docs/fidelity.md) are kept apart, in ``experimental``
+(``ExperimentalOptions``), off by default: they stay available to reproduce those runs, but they are not
+part of the main surface. The keyword shorthand reaches them by name (``frozen_update="momentum"``,
+``update_scale="share"``, ``warmup_steps=10``, ``score="absolute"``).
+
+A config is saved beside a checkpoint like ``slimfit.SlimFitConfig``: ``to_dict`` / ``from_dict`` (with a
+``version``), ``save_pretrained`` / ``from_pretrained`` (``slimfit_scheduler.json``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from .candidates import KINDS, TASK_HEAD
+from .optim import FROZEN_UPDATES
+from .scores import DEFAULT_CHUNK_NUMEL, SCORES
+from .selection import ROUNDINGS
+
+__all__ = ["SchedulerConfig", "ExperimentalOptions", "CONFIG_VERSION", "CONFIG_NAME", "ALL_KINDS",
+           "DEFAULT_SCHEDULED_KINDS", "EVEN_SHARE", "MAIN_SCORES", "EXPERIMENTAL_SCORES", "UPDATE_SCALES",
+           "RUNTIME_FIELDS"]
+
+# to_dict()'s "version": bumped when a saved field changes meaning; from_dict refuses the versions it does not know.
+CONFIG_VERSION = 1
+CONFIG_NAME = "slimfit_scheduler.json"
+# scheduled_kinds="all": every kind of candidate (SlimFit's rule); None: the weight matrices only.
+ALL_KINDS = "all"
+DEFAULT_SCHEDULED_KINDS = ("matmul",)
+# min_train_share="even": every layer trains in the share of layers that train each step.
+EVEN_SHARE = "even"
+# The scores on the main surface; the others are experimental (ExperimentalOptions.score).
+MAIN_SCORES = ("relative", "robust")
+EXPERIMENTAL_SCORES = tuple(s for s in SCORES if s not in MAIN_SCORES)
+# update_scale: "none" leaves the optimizer's updates alone; "share" stretches them (ExperimentalOptions).
+UPDATE_SCALES = ("none", "share")
+# Fields that bind a config to one process or one model object rather than describe the schedule: a
+# scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
+RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel")
+# What to_dict writes for a value only the saving process has (a callable, a process group).
+NOT_SAVED = "<not saved: an object of the saving process>"
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _shown(value) -> str:
+    return f"{type(value).__name__} {value!r:.80}"
+
+
+def _error(owner: str, name: str, rule: str, value, fix: str = "") -> ValueError:
+    return ValueError(f"{owner}.{name} must be {rule}, got {_shown(value)}" + (f"; {fix}" if fix else ""))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _number_fix(name: str, value, example) -> str:
+    """How to fix a bad number: a string that holds one, a bool, or anything else."""
+    if isinstance(value, bool):
+        return f"{value} is a bool, not a number: pass e.g. {name}={example}"
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return f"pass e.g. {name}={example}"
+        return f"pass the number itself, not a string: {name}={int(number) if number.is_integer() else number!r}"
+    return f"pass e.g. {name}={example}"
+
+
+def _real(owner: str, name: str, value, rule: str, ok: Callable[[float], bool], example) -> float:
+    if not _is_number(value) or not math.isfinite(float(value)) or not ok(float(value)):
+        raise _error(owner, name, rule, value, _number_fix(name, value, example))
+    return float(value)
+
+
+def _int(owner: str, name: str, value, low: int, meaning: str, example, optional: bool = False):
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        rule = f"{'None or ' if optional else ''}an int >= {low} ({meaning})"
+        raise _error(owner, name, rule, value, _number_fix(name, value, example))
+    return int(value)
+
+
+def _flag(owner: str, name: str, value, optional: bool = False):
+    if not isinstance(value, bool) and not (optional and value is None):
+        raise _error(owner, name, "None, True or False" if optional else "True or False", value)
+    return value
+
+
+def _closest(value, allowed) -> Optional[str]:
+    if not isinstance(value, str):
+        return None
+    close = difflib.get_close_matches(value, sorted(a for a in allowed if isinstance(a, str)), n=1)
+    return close[0] if close else None
+
+
+def _did_you_mean(value, allowed) -> str:
+    close = _closest(value, allowed)
+    return f"did you mean {close!r}?" if close else ""
+
+
+def _choice(owner: str, name: str, value, allowed: tuple, fix: str = "") -> str:
+    if isinstance(value, str) and value in allowed:
+        return value
+    raise _error(owner, name, f"one of {allowed}", value, fix or _did_you_mean(value, allowed))
+
+
+# ---------------------------------------------------------------------------------------------- fields
+_C = "SchedulerConfig"
+
+
+def _score(cfg, value):
+    if isinstance(value, str) and value in EXPERIMENTAL_SCORES:
+        return _choice(_C, "score", value, MAIN_SCORES,
+                       f"score={value!r} is experimental (docs/fidelity.md): "
+                       f"SchedulerConfig(experimental=ExperimentalOptions(score={value!r})), or the keyword "
+                       f"shorthand ILSScheduler(model, score={value!r})")
+    return _choice(_C, "score", value, MAIN_SCORES)
+
+
+def _scheduled_kinds(cfg, value):
+    if value is None or (isinstance(value, str) and value == ALL_KINDS):
+        return value
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple, set)) else None
+    bad = [k for k in names or () if not (isinstance(k, str) and k in KINDS)]
+    if names is None or not names or bad:
+        fix = _did_you_mean(bad[0], (*KINDS, ALL_KINDS)) if bad else "e.g. scheduled_kinds=('matmul', 'norm')"
+        raise _error(_C, "scheduled_kinds", f"{ALL_KINDS!r}, None (the weight matrices) or a non-empty selection "
+                     f"of {KINDS}", value, fix)
+    return tuple(k for k in KINDS if k in names)
+
+
+def _always_train(cfg, value):
+    if value is None or (isinstance(value, str) and value == TASK_HEAD):
+        return value
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if names is None or any(not isinstance(n, str) or not n for n in names):
+        raise _error(_C, "always_train", f"None (a task model's head), {TASK_HEAD!r}, or module names such as "
+                     "['classifier'] (() schedules every candidate, SlimFit's rule)", value)
+    return tuple(names)
+
+
+def _layers(cfg, value):
+    rule = "None or a non-empty list of parameter names (or (name, parameter) pairs)"
+    if value is None:
+        return None
+    if isinstance(value, (str, torch.Tensor)) or not isinstance(value, Iterable):
+        raise _error(_C, "layers", rule, value, "e.g. layers=['encoder.0.weight']")
+    items = []
+    for item in value:
+        if isinstance(item, str):
+            items.append(item)
+        elif (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
+              and isinstance(item[1], torch.Tensor)):
+            items.append((item[0], item[1]))
+        else:
+            raise _error(_C, "layers", rule, item, "each element a name such as 'fc1.weight' or a pair "
+                         "from model.named_parameters()")
+    if not items:
+        raise _error(_C, "layers", rule, value, "leave layers=None to schedule the default candidates")
+    return tuple(items)
+
+
+def _activation_bytes(cfg, value):
+    if value is None or (callable(value) and not isinstance(value, Mapping)):
+        return value
+    if not isinstance(value, Mapping):
+        raise _error(_C, "activation_bytes", "None, a dict {layer name: bytes} or a callable (name, param) -> bytes",
+                     value, "slimfit.scheduler.estimate_activation_bytes(model, batch) measures the dict")
+    for name, nbytes in value.items():
+        if not isinstance(name, str):
+            raise _error(_C, "activation_bytes", "keyed by parameter names (str)", name)
+        if not _is_number(nbytes) or not math.isfinite(float(nbytes)) or nbytes < 0:
+            raise _error(_C, f"activation_bytes[{name!r}]", "a finite number of bytes >= 0", nbytes,
+                         "estimate_activation_bytes(model, batch) measures them")
+    return dict(value)
+
+
+def _min_train_share(cfg, value):
+    if isinstance(value, str) and value == EVEN_SHARE:
+        return value
+    top = 1.0 - cfg.freeze_rate
+    rule = (f"in [0, 1 - freeze_rate] = [0, {top:g}] (no more than the share of layers that train each step) "
+            f"or {EVEN_SHARE!r}")
+    if not _is_number(value) or not (0.0 <= float(value) <= top + 1e-12):
+        if _is_number(value):
+            fix = "lower min_train_share or freeze_rate"
+        else:
+            fix = _did_you_mean(value, (EVEN_SHARE,)) or _number_fix("min_train_share", value, 0.1)
+        raise _error(_C, "min_train_share", rule, value, fix)
+    return float(value)
+
+
+def _seed(cfg, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2**63 <= value < 2**64:
+        raise _error(_C, "seed", "an int (seeds the initial random scores, i.e. the round-robin order)", value,
+                     _number_fix("seed", value, 0))
+    return int(value)
+
+
+def _process_group(cfg, value):
+    if value is not None and cfg.distributed is False:
+        raise _error(_C, "process_group", "None when distributed=False", value,
+                     "drop process_group, or set distributed=None (auto) or True")
+    return value
+
+
+def _experimental(cfg, value):
+    if not isinstance(value, ExperimentalOptions):
+        raise TypeError(f"{_C}.experimental must be ExperimentalOptions(...), got {_shown(value)}; e.g. "
+                        "experimental=ExperimentalOptions(frozen_update='momentum')")
+    return value
+
+
+# Each field's check, in field order (min_train_share needs freeze_rate, process_group needs distributed).
+_CHECKS = {
+    "freeze_rate": lambda c, v: _real(_C, "freeze_rate", v, "in [0, 1) (a number: the fraction of the scheduled "
+                                      "layers frozen each step)", lambda r: 0.0 <= r < 1.0, 0.7),
+    "score": _score,
+    "rounding": lambda c, v: _choice(_C, "rounding", v, ROUNDINGS),
+    "scheduled_kinds": _scheduled_kinds,
+    "always_train": _always_train,
+    "layers": _layers,
+    "min_train_share": _min_train_share,
+    "min_trained_steps": lambda c, v: _int(_C, "min_trained_steps", v, 0, "steps a layer stays trained", 2),
+    "min_frozen_steps": lambda c, v: _int(_C, "min_frozen_steps", v, 0, "steps a layer stays frozen", 2),
+    "seed": _seed,
+    "memory_aware": lambda c, v: _flag(_C, "memory_aware", v),
+    "activation_bytes": _activation_bytes,
+    "budget_bytes": lambda c, v: None if v is None else _real(
+        _C, "budget_bytes", v, "None or a finite number of bytes > 0", lambda b: b > 0, "2**30"),
+    "base_bytes": lambda c, v: _real(_C, "base_bytes", v, "a finite number of bytes >= 0", lambda b: b >= 0, 0),
+    "release_state_after": lambda c, v: _int(_C, "release_state_after", v, 1, "consecutive frozen steps", 50,
+                                             optional=True),
+    "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
+    "process_group": _process_group,
+    "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
+    "experimental": _experimental,
+}
+
+
+# ---------------------------------------------------------------------------------------------- classes
+@dataclass(frozen=True)
+class ExperimentalOptions:
+    """Scheduler options measured neutral or harmful in docs/fidelity.md, off by default. They are kept to
+    reproduce those runs and for further experiments; none is part of a recommended setup.
+
+    frozen_update  "none" (default): a frozen layer stands still. "momentum": a frozen layer that has
+                   optimizer state keeps taking the optimizer's step from its moments (a zero gradient is
+                   handed to the optimizer), as SlimFit's published code did on the PyTorch of its time.
+    update_scale   "none" (default). "share": right after the optimizer's step each trained layer's update
+                   is stretched by steps so far / steps it trained (capped at layers / trained layers), so a
+                   layer that trains one step in three travels about as far as under full fine-tuning.
+    warmup_steps   the freeze rate ramps linearly from 0 to freeze_rate over this many steps (0: none);
+                   more layers train, and keep activations, during the ramp.
+    score          None (default: SchedulerConfig.score decides) or "absolute": mean |W_new - W_old|, how
+                   far the weights moved, not divided by their size.
+    """
+
+    frozen_update: str = "none"
+    update_scale: str = "none"
+    warmup_steps: int = 0
+    score: Optional[str] = None
+
+    def __post_init__(self):
+        o = "ExperimentalOptions"
+        _choice(o, "frozen_update", self.frozen_update, FROZEN_UPDATES)
+        _choice(o, "update_scale", self.update_scale, UPDATE_SCALES)
+        object.__setattr__(self, "warmup_steps", _int(o, "warmup_steps", self.warmup_steps, 0,
+                                                      "steps of the rate's ramp from 0", 10))
+        if self.score is not None:
+            fix = (f"score={self.score!r} is not experimental: SchedulerConfig(score={self.score!r})"
+                   if self.score in MAIN_SCORES else "")
+            _choice(o, "score", self.score, EXPERIMENTAL_SCORES, fix)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class SchedulerConfig:
+    """Every option of :class:`ILSScheduler`, validated once, here.
+
+    freeze_rate        fraction of the scheduled layers frozen each step, in [0, 1); at least one layer
+                       always trains. In budget mode the minimum fraction frozen. Default 0.7: 0.9 lost
+                       accuracy on a harder task (docs/fidelity.md).
+    score              "relative" (SlimFit's: mean |ΔW / W_old| over entries with W_old != 0) or "robust"
+                       (||ΔW|| / ||W_old||, which does not blow up on near-zero weights).
+    rounding           "round" (round(rate * L), halves up) or "floor" (int(rate * L), the paper's code).
+    scheduled_kinds    which kinds of candidate are scheduled: "all" (SlimFit's rule) or a selection of
+                       "matmul", "norm", "embedding"; the other candidates train every step. None: ("matmul",)
+                       (freezing an embedding or a norm weight saves no activation memory, and SlimFit's score
+                       starves them), or every kind when `layers` lists the layers.
+    always_train       module (or parameter) names that train every step and are not scheduled, e.g.
+                       ("classifier",); "task_head": a Hugging Face task model's fresh head (an error when
+                       there is none). None: that head when the model has one and `layers` is not given;
+                       () schedules it like any layer (SlimFit's rule). Scheduled, a fresh head trains too
+                       rarely (docs/fidelity.md).
+    layers             with a model: parameter names (or (name, parameter) pairs) to schedule instead of the
+                       default candidates; checked against the model. None: the candidates.
+    min_train_share    every layer trains in at least this share of the steps so far, in [0, 1 - freeze_rate];
+                       "even": every layer equally often (a round robin the scores order). 0: the scores alone.
+    min_trained_steps / min_frozen_steps   a layer, once unfrozen / frozen, stays so that many steps at least
+                       (soft: the frozen count and the budget win), against thrashing.
+    seed               seeds the initial random scores (the round-robin order); rank 0's wins under DDP.
+    memory_aware       rank layers by score per activation byte, so freezing prefers the layers that save
+                       the most memory (needs activation_bytes).
+    activation_bytes   activation bytes that training each layer costs: a dict {name: bytes} (missing names
+                       cost 0) or a callable (name, param) -> bytes; see estimate_activation_bytes.
+    budget_bytes       budget mode: keep base_bytes + the bytes of the trained layers at or under this.
+    base_bytes         activation bytes no freezing removes (the unscheduled candidates' bytes are added).
+    release_state_after  with an attached optimizer, drop a layer's optimizer state once it has been frozen
+                       this many consecutive steps (it restarts from fresh state). None: keep all state.
+    distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
+    process_group      the group to agree within (default: the world).
+    chunk_numel        elements per batched score reduction (bounds temporary memory).
+    experimental       ExperimentalOptions: options measured neutral or harmful, off by default.
+    version            the format of to_dict(); set by slimfit, not an argument.
+
+    Changing a config: ``cfg.replace(seed=1)``; experimental fields by name too (``cfg.replace(warmup_steps=5)``).
+    """
+
+    freeze_rate: float = 0.7
+    score: str = "relative"
+    rounding: str = "round"
+    scheduled_kinds: Union[str, tuple, None] = None
+    always_train: Union[str, tuple, None] = None
+    layers: Optional[tuple] = None
+    min_train_share: Union[float, str] = 0.0
+    min_trained_steps: int = 0
+    min_frozen_steps: int = 0
+    seed: int = 0
+    memory_aware: bool = False
+    activation_bytes: Union[Mapping, Callable, None] = None
+    budget_bytes: Optional[float] = None
+    base_bytes: float = 0.0
+    release_state_after: Optional[int] = None
+    distributed: Optional[bool] = None
+    process_group: Any = None
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL
+    experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
+    version: int = field(default=CONFIG_VERSION, init=False)
+
+    def __post_init__(self):
+        for name, check in _CHECKS.items():
+            object.__setattr__(self, name, check(self, getattr(self, name)))
+        if (self.memory_aware or self.budget_bytes is not None) and self.activation_bytes is None:
+            raise ValueError("SchedulerConfig: memory_aware=True and budget_bytes need activation_bytes (a dict "
+                             "name -> bytes or a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) "
+                             "measures them")
+        if self.experimental.score is not None and self.score != "relative":
+            raise ValueError(f"SchedulerConfig: score={self.score!r} and experimental.score="
+                             f"{self.experimental.score!r} ask for two scores; keep one")
+
+    # ------------------------------------------------------------------ what the scheduler reads
+    @property
+    def kinds(self) -> tuple:
+        """The kinds scheduled: scheduled_kinds with None and "all" resolved."""
+        kinds = self.scheduled_kinds
+        if kinds is None:
+            kinds = ALL_KINDS if self.layers is not None else DEFAULT_SCHEDULED_KINDS
+        return KINDS if kinds == ALL_KINDS else kinds
+
+    @property
+    def effective_score(self) -> str:
+        """The score the scheduler computes: experimental.score when set, else score."""
+        return self.experimental.score or self.score
+
+    # ------------------------------------------------------------------ building and changing
+    @classmethod
+    def from_options(cls, config=None, /, **options) -> "SchedulerConfig":
+        """``config`` (a SchedulerConfig, a number: the freeze rate, or None: the defaults) with ``options``
+        applied: field names, experimental ones included (``frozen_update="momentum"``,
+        ``score="absolute"``). This is ILSScheduler's keyword shorthand. An unknown name is a TypeError
+        that lists the valid ones."""
+        if config is None:
+            config = cls()
+        elif _is_number(config):
+            if "freeze_rate" in options:
+                raise TypeError("the freeze rate is given twice: as the config argument and as freeze_rate=")
+            config, options = cls(), {"freeze_rate": config, **options}
+        elif not isinstance(config, cls):
+            raise TypeError(f"config must be a SchedulerConfig or a freeze rate (a number such as 0.7), got "
+                            f"{_shown(config)}{_config_hint(config)}")
+        return dataclasses.replace(config, **_route(config, options)) if options else config
+
+    def replace(self, **changes) -> "SchedulerConfig":
+        """This config with fields changed, experimental ones by name too (validated again)."""
+        return type(self).from_options(self, **changes)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def _key(self) -> tuple:
+        """The fields, comparable: layer pairs by name and parameter identity (not by tensor values)."""
+        def comparable(value):
+            if isinstance(value, dict):
+                return tuple(sorted(value.items()))
+            if isinstance(value, tuple):
+                return tuple((v[0], id(v[1])) if isinstance(v, tuple) else v for v in value)
+            return value
+        return tuple(comparable(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def __repr__(self) -> str:
+        default = type(self)()
+        changed = [f"{f.name}={_repr_value(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                   if f.init and _differs(getattr(self, f.name), getattr(default, f.name))]
+        return f"SchedulerConfig({', '.join(changed)})"
+
+    # ------------------------------------------------------------------ checkpoints
+    def to_dict(self, nested: bool = True) -> dict:
+        """Plain values (JSON-ready) with ``version``: tuples as lists, layer pairs as their names, objects
+        of this process (a callable activation_bytes, a process group) as a marker that from_dict refuses
+        unless they are given again. ``nested=False``: the experimental fields at the top level, named as
+        the keyword shorthand names them (``score`` is then the experimental score when one is set)."""
+        out: dict = {"version": self.version}
+        for f in dataclasses.fields(self):
+            if f.name not in ("version", "experimental"):
+                out[f.name] = _saveable(getattr(self, f.name))
+        part = dataclasses.asdict(self.experimental)
+        if nested:
+            out["experimental"] = part
+            return out
+        score = part.pop("score")
+        out.update(part)
+        if score is not None:
+            out["score"] = score
+        return out
+
+    @classmethod
+    def from_dict(cls, values, /, **changes) -> "SchedulerConfig":
+        """A config from ``to_dict()``'s output (nested or flat; a flat dict without ``version``, such as a
+        scheduler state's ``"config"``, is read as this version). ``changes`` are applied first: give them
+        for the fields saved as objects of the saving process (activation_bytes=fn, process_group=g)."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"SchedulerConfig.from_dict expects a dict (to_dict()'s output), got {_shown(values)}")
+        values = dict(values)
+        version = values.pop("version", CONFIG_VERSION)
+        if type(version) is not int or version != CONFIG_VERSION:
+            raise ValueError(f"SchedulerConfig.from_dict: version {version!r} is not one this slimfit reads "
+                             f"({CONFIG_VERSION}): written by another slimfit version; upgrade slimfit, or build "
+                             "the config again from its fields")
+        unknown = sorted(k for k in values if k not in _SHORTHAND)
+        if unknown:
+            raise ValueError(f"SchedulerConfig.from_dict: unknown field(s) {unknown} (written by another slimfit "
+                             f"version?); known fields: {sorted(_SHORTHAND)}")
+        if isinstance(values.get("experimental"), Mapping):
+            values["experimental"] = _experimental_from_dict(values["experimental"])
+        values.update(changes)
+        lost = sorted(k for k, v in values.items() if isinstance(v, str) and v == NOT_SAVED)
+        if lost:
+            raise ValueError(f"SchedulerConfig.from_dict: {lost} held an object of the saving process (a callable, a "
+                             f"process group), which is not saved; give it again: from_dict(values, {lost[0]}=...) "
+                             f"or from_pretrained(path, {lost[0]}=...)")
+        return cls.from_options(None, **values)
+
+    def save_pretrained(self, save_directory) -> str:
+        """Write the config as JSON to ``save_directory``/slimfit_scheduler.json (beside a model's
+        save_pretrained files or a checkpoint); returns the file's path."""
+        import json
+        import os
+
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, CONFIG_NAME)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path, /, **changes) -> "SchedulerConfig":
+        """The config ``save_pretrained`` wrote (a directory holding slimfit_scheduler.json, or the file),
+        with ``changes`` applied (see from_dict)."""
+        import json
+        import os
+
+        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"SchedulerConfig.from_pretrained: no {CONFIG_NAME} at {path!r}")
+        with open(file) as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"SchedulerConfig.from_pretrained: {file} is not valid JSON ({exc})") from None
+        return cls.from_dict(values, **changes)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+_MAIN = frozenset(f.name for f in dataclasses.fields(SchedulerConfig) if f.init)
+_EXPERIMENTAL = frozenset(f.name for f in dataclasses.fields(ExperimentalOptions))
+_SHORTHAND = _MAIN | _EXPERIMENTAL
+
+
+def _route(base: SchedulerConfig, options: dict) -> dict:
+    """Keyword shorthand -> dataclasses.replace() changes: experimental names go into ``experimental``;
+    ``score`` goes where its value belongs (an experimental score into ``experimental.score``)."""
+    unknown = [k for k in options if k not in _SHORTHAND]
+    if unknown:
+        hints = [f"{k!r}" + (f" (did you mean {m!r}?)" if (m := _closest(k, _SHORTHAND)) else "") for k in unknown]
+        raise TypeError(f"unknown scheduler option(s) {', '.join(hints)}; the options are the fields of "
+                        f"SchedulerConfig: {', '.join(sorted(_SHORTHAND))}")
+    main = {k: v for k, v in options.items() if k in _MAIN}
+    part = {k: v for k, v in options.items() if k in _EXPERIMENTAL and k not in _MAIN}
+    score = main.get("score")
+    if isinstance(score, str) and score in EXPERIMENTAL_SCORES:
+        part["score"], main["score"] = score, "relative"
+    elif "score" in main and "experimental" not in main:
+        part["score"] = None          # a main score replaces the base's experimental one
+    if part:
+        experimental = main.get("experimental", base.experimental)
+        _experimental(base, experimental)
+        main["experimental"] = dataclasses.replace(experimental, **part)
+    return main
+
+
+def _experimental_from_dict(values: Mapping) -> ExperimentalOptions:
+    unknown = sorted(set(values) - _EXPERIMENTAL)
+    if unknown:
+        raise ValueError(f"SchedulerConfig.from_dict: unknown experimental field(s) {unknown}; known: "
+                         f"{sorted(_EXPERIMENTAL)}")
+    return ExperimentalOptions(**values)
+
+
+def _config_hint(config) -> str:
+    if isinstance(config, str):
+        return "; pass the freeze rate as a number (e.g. 0.7), or freeze_rate=0.7"
+    if isinstance(config, Mapping):
+        return "; unpack a dict of options (ILSScheduler(model, **options)) or use SchedulerConfig.from_dict"
+    if type(config).__name__ == "SlimFitConfig":
+        return "; a SlimFitConfig configures slimfit.patch, not the scheduler"
+    return ""
+
+
+def _saveable(value):
+    if isinstance(value, tuple):
+        return [v[0] if isinstance(v, tuple) else v for v in value]
+    if isinstance(value, Mapping):
+        return dict(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return NOT_SAVED
+
+
+def _differs(a, b) -> bool:
+    try:
+        return bool(a != b)
+    except RuntimeError:   # tensors inside (layer pairs)
+        return True
+
+
+def _repr_value(value) -> str:
+    if isinstance(value, Mapping):
+        return f"<{len(value)} layers>"
+    if isinstance(value, tuple):
+        return repr(tuple(v[0] if isinstance(v, tuple) else v for v in value))
+    return repr(value)
