@@ -30,6 +30,7 @@ from .modules import (
     GELUMixin,
     LayerNormMixin,
     LinearMixin,
+    ReLUMixin,
     RMSNormMixin,
     SiLUMixin,
     SwiGLUMixin,
@@ -42,6 +43,7 @@ from .options import (
     GELUOptions,
     LinearOptions,
     NormOptions,
+    ReLUOptions,
     Sampling,
 )
 from .sampling import NORM_CACHE
@@ -356,6 +358,9 @@ HANDLERS: list = [
             skip=lambda ctx, module: ("layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full
                                       else None),
             verify=_verify_rmsnorm),
+    Handler("relu", lambda module, ctx: type(module) is nn.ReLU, ReLUMixin, lambda ctx, name, module: ReLUOptions(),
+            lambda ctx, opts: "1-bit mask (exact)",
+            skip=lambda ctx, module: "inplace=True: left as is" if module.inplace else None),
     Handler("conv", lambda module, ctx: type(module) in _CONVS, ConvMixin, lambda ctx, name, module: ConvOptions(),
             lambda ctx, opts: "frozen fast path (trainable: as PyTorch)", skip=_conv_skip),
     Handler("dropout", lambda module, ctx: type(module) is nn.Dropout, DropoutMixin,

@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import autograd
 from ..autograd.conv import conv
+from ..autograd.relu import relu
 from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
 from ..autograd.silu import silu, swiglu
@@ -166,6 +167,15 @@ class RMSNormMixin:
         weight = self.weight if opts.weight_offset == 0.0 else self.weight + opts.weight_offset
         return rms_norm(x, weight, getattr(self, opts.eps_attribute), save=save, keep_ratio=opts.keep_ratio,
                         group_size=opts.group_size, check_finite=opts.check_finite)
+
+
+class ReLUMixin:
+    """nn.ReLU saving a 1-bit mask instead of its output (exact: slimfit.autograd.relu)."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        return relu(x)
 
 
 class ConvMixin:

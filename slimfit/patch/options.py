@@ -86,6 +86,11 @@ class NormOptions:
 
 
 @dataclass(frozen=True)
+class ReLUOptions:
+    """nn.ReLU: nothing to choose (a 1-bit mask is exact)."""
+
+
+@dataclass(frozen=True)
 class ConvOptions:
     """nn.Conv1d/2d/3d: nothing to choose (frozen fast path, PyTorch's conv when trainable)."""
 
