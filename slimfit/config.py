@@ -154,12 +154,12 @@ class SlimFitConfig:
     dropout             'torch' (left alone), 'seed' (mask regenerated: 0 bytes), 'bitmask' (1 bit/element)
     group_size          quantization group size (32, 64, 128, 256)
     stochastic          stochastic rounding (unbiased) instead of round-to-nearest
-    check_finite        raise on NaN/Inf (or fp32-overflowing) saved activations; off by default because
+    check_finite        raise on NaN/Inf saved activations; off by default because
                         each check reads a value on the host (one sync per compressed tensor on a GPU).
                         Off, non-finite inputs still give non-finite gradients (they are not hidden)
     sampling            LinearSampling: estimate the weight gradient of target linears from sampled token rows
                         (docs/wta_crs.md); None (default): off
-    lm_head_chunk_rows  *ForCausalLM (Llama, Mistral, Qwen2/3, GPT-2) trained with labels: the loss through a chunked
+    lm_head_chunk_rows  a transformers causal LM trained with labels: the loss through a chunked
                         linear + cross-entropy of this many rows at a time (the B·S·vocab logits are never kept;
                         training outputs then have logits=None; docs/decoders.md); None: the model's own head and loss
 

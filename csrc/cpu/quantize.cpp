@@ -2,11 +2,14 @@
 //
 // Bit-exact with slimfit/kernels/reference.py (the specification): per group of
 // `group_size` consecutive elements of the flattened input, in fp32,
-//   mn, mx = min, max (NaN-propagating)      scale = (mx - mn) / (2**bits - 1)
-//   inv = 1 / (scale >= 2**-126 ? scale : 1) (one IEEE reciprocal per group)
-//   q = (x - mn) * inv                       code = clamp(floor(q + u), 0, 2**bits - 1)
+//   mn, mx = min, max (NaN-propagating)      h = 0.5 for a wide group (finite, but mx - mn
+//   scaled = (mx*h - mn*h) / (2**bits - 1)       overflows fp32), else 1 (then nothing changes)
+//   scale = wide ? 2 * scaled : scaled       inv = 1 / (scaled >= 2**-126 ? scaled : 1)
+//   q = (x*h - mn*h) * inv                   code = clamp(floor(q + u), 0, 2**bits - 1)
 // with u = 0.5 (nearest) or the counter-based uniform of the element's flat index
 // (stochastic). setup.py compiles with -ffp-contract=off, so no step is fused.
+// dequantize: code * scale + offset; where that overflows with a finite scale and offset, the
+// same value a quarter down, saturated at +-FLT_MAX.
 //
 // One parallel task handles whole groups: the group is converted to fp32 into a
 // stack buffer, reduced with explicit SIMD min/max, then coded in a second
@@ -19,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -124,6 +128,18 @@ inline void pack_codes(const uint8_t* c, int64_t nbytes, uint8_t* out) {
   }
 }
 
+// The codes of one group: q = (x*h - mn*h) * inv. h = 0.5 only in a wide group (WIDE); the
+// other groups take the plain (x - mn) * inv, the same bits since x*1 == x.
+template <bool STOCHASTIC, bool WIDE>
+inline void code_group(const float* buf, const float* noise, int64_t len, float mnh, float inv, float levels,
+                       uint8_t* cbuf) {
+  for (int64_t j = 0; j < len; ++j) {
+    const float v = WIDE ? buf[j] * 0.5f : buf[j];
+    const float q = (v - mnh) * inv;
+    cbuf[j] = code_of(q + (STOCHASTIC ? noise[j] : 0.5f), levels);
+  }
+}
+
 template <typename T, int BITS, bool STOCHASTIC>
 void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys, uint8_t* codes, float* scale,
                    float* offset) {
@@ -147,10 +163,13 @@ void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys
 
       float mn, mx;
       group_min_max(buf, len8, mn, mx);
-      const float s = (mx - mn) / levels;
+      // A finite group whose range overflows fp32 (+-3e38) is computed at half scale, exactly.
+      const bool wide = std::isinf(mx - mn) && std::isfinite(mx) && std::isfinite(mn);
+      const float h = wide ? 0.5f : 1.0f;
+      const float scaled = (mx * h - mn * h) / levels;
       // Below the smallest normal fp32 the reciprocal would overflow: a constant group.
-      const float inv = 1.0f / (s >= std::numeric_limits<float>::min() ? s : 1.0f);
-      scale[g] = s;
+      const float inv = 1.0f / (scaled >= std::numeric_limits<float>::min() ? scaled : 1.0f);
+      scale[g] = wide ? scaled * 2.0f : scaled;
       offset[g] = mn;
 
       if (STOCHASTIC) {
@@ -160,16 +179,11 @@ void quantize_impl(const T* x, int64_t n, int64_t group_size, rng::SeedKeys keys
         const uint32_t lo0 = static_cast<uint32_t>(ustart);
         const uint32_t hk1 = static_cast<uint32_t>(ustart >> 32) ^ keys.k1;
         cpu::uniform_span(lo0, keys.k0, hk1, len, noise);
-        for (int64_t j = 0; j < len; ++j) {
-          const float q = (buf[j] - mn) * inv;
-          cbuf[j] = code_of(q + noise[j], levels);
-        }
-      } else {
-        for (int64_t j = 0; j < len; ++j) {
-          const float q = (buf[j] - mn) * inv;
-          cbuf[j] = code_of(q + 0.5f, levels);
-        }
       }
+      if (wide)
+        code_group<STOCHASTIC, true>(buf, noise, len, mn * h, inv, levels, cbuf);
+      else
+        code_group<STOCHASTIC, false>(buf, noise, len, mn, inv, levels, cbuf);
       const int64_t nbytes = (len + kPer - 1) / kPer;
       for (int64_t j = len; j < nbytes * kPer; ++j) cbuf[j] = 0;  // unused high bits are zero
       pack_codes<BITS>(cbuf, nbytes, codes + start / kPer);
@@ -243,6 +257,26 @@ inline void unpack_group(const uint8_t* packed, int64_t len, uint8_t* c) {
   }
 }
 
+// Whether code * s + o can overflow fp32 with a finite s and o (codes are <= 255): a cheap,
+// conservative per-group test, so that only such groups pay for fix_overflow's pass.
+inline bool may_overflow(float s, float o) {
+  return std::isfinite(s) && std::isfinite(o) && std::fabs(s) * 255.0f + std::fabs(o) >= 0x1p127f;
+}
+
+// Where code * s + o overflowed (s, o finite): the same value a quarter down (exact scalings),
+// saturated at the largest fp32, as reference.dequantize.
+inline void fix_overflow(const uint8_t* cbuf, int64_t len, float s, float o, float* fbuf) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const float sq = s * 0.25f;
+  const float oq = o * 0.25f;
+  for (int64_t j = 0; j < len; ++j) {
+    if (!std::isinf(fbuf[j])) continue;
+    float y = static_cast<float>(cbuf[j]) * sq;
+    y = (y + oq) * 4.0f;
+    fbuf[j] = y > kMax ? kMax : (y < -kMax ? -kMax : y);
+  }
+}
+
 template <typename T, int BITS>
 void dequantize_impl(const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t group_size,
                      T* out) {
@@ -262,6 +296,7 @@ void dequantize_impl(const uint8_t* codes, const float* scale, const float* offs
         float v = static_cast<float>(cbuf[j]) * s;  // two roundings, as the reference: no FMA
         fbuf[j] = v + o;
       }
+      if (may_overflow(s, o)) fix_overflow(cbuf, len, s, o, fbuf);
       cpu::store_f32(fbuf, out + start, len);
     }
   });
@@ -275,6 +310,37 @@ void dequantize_dispatch_bits(const uint8_t* codes, const float* scale, const fl
     case 4: dequantize_impl<T, 4>(codes, scale, offset, n, gs, out); break;
     default: dequantize_impl<T, 8>(codes, scale, offset, n, gs, out); break;
   }
+}
+
+// Elements of a shape: negative dimensions are refused, and so is a product beyond int64 (which
+// would wrap around to a small count that passes the size checks).
+int64_t shape_numel(at::IntArrayRef shape) {
+  int64_t n = 1;
+  bool too_big = false, zero = false;
+  for (const int64_t d : shape) {
+    TORCH_CHECK(d >= 0, "slimfit::dequantize: negative dimension in shape ", shape);
+    zero |= d == 0;
+    too_big |= __builtin_mul_overflow(n, d, &n);
+  }
+  if (zero) return 0;  // no elements, however large the other dimensions
+  TORCH_CHECK(!too_big, "slimfit::dequantize: shape ", shape, " has more elements than int64 holds; pass the shape "
+              "the tensor was quantized with (QuantizedTensor.shape)");
+  return n;
+}
+
+// The parts of a quantized tensor have exactly the sizes shape, bits and group_size give, as
+// validation._op_quantized_sizes says (same words).
+void check_quantized_sizes(int64_t n_codes, int64_t n_scale, int64_t n_offset, int64_t n, int64_t bits,
+                           int64_t group_size, at::IntArrayRef shape) {
+  const char* fix = "pass the shape, bits and group_size the tensor was quantized with "
+                    "(QuantizedTensor.shape, .bits, .group_size)";
+  const int64_t per = 8 / bits;
+  const int64_t need = n / per + (n % per != 0);  // no overflow near INT64_MAX
+  TORCH_CHECK(n_codes == need, "slimfit::dequantize: ", n_codes, " code bytes do not match the ", n,
+              " elements of shape ", shape, " at ", bits, " bits (", need, " bytes); ", fix);
+  const int64_t ng = n / group_size + (n % group_size != 0);
+  TORCH_CHECK(n_scale == ng && n_offset == ng, "slimfit::dequantize: need ", ng, " groups of scale/offset for ", n,
+              " elements (group_size ", group_size, "), got ", n_scale, " and ", n_offset, "; ", fix);
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& offset_in,
@@ -292,21 +358,12 @@ at::Tensor dequantize_cpu(const at::Tensor& codes_in, const at::Tensor& scale_in
               "slimfit::dequantize: unsupported output dtype ", dtype,
               "; use float32, float16, bfloat16 or float64");
   const at::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(sym_shape);
-  int64_t n = 1;
-  for (const int64_t d : shape) {
-    TORCH_CHECK(d >= 0, "slimfit::dequantize: negative dimension in shape ", shape);
-    n *= d;
-  }
+  const int64_t n = shape_numel(shape);
+  // The sizes before the allocation (validation.op_dequantize): a wrong shape must not first try
+  // to allocate its elements.
+  check_quantized_sizes(codes_in.numel(), scale_in.numel(), offset_in.numel(), n, bits, group_size, shape);
   at::Tensor out = at::empty(shape, codes_in.options().dtype(dtype));
   if (n == 0) return out;
-
-  const int64_t per = 8 / bits;
-  const int64_t ng = (n + group_size - 1) / group_size;
-  TORCH_CHECK(codes_in.numel() >= (n + per - 1) / per, "slimfit::dequantize: ", codes_in.numel(),
-              " code bytes cannot hold ", n, " elements at ", bits, " bits");
-  TORCH_CHECK(scale_in.numel() >= ng && offset_in.numel() >= ng, "slimfit::dequantize: need ", ng,
-              " groups of scale/offset for ", n, " elements (group_size ", group_size, "), got ", scale_in.numel(),
-              " and ", offset_in.numel());
   const at::Tensor codes = codes_in.contiguous();
   const at::Tensor scale = scale_in.contiguous();
   const at::Tensor offset = offset_in.contiguous();

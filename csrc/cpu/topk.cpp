@@ -196,33 +196,43 @@ std::tuple<at::Tensor, at::Tensor> topk_prune_cpu(const at::Tensor& x_in, int64_
 }
 
 // ------------------------------------------------------------------ restore
+// What restore found wrong with the indices (validation._op_restore_indices raises the same).
+struct RestoreFlags {
+  std::atomic<bool> outside{false};         // an index outside [0, row_length)
+  std::atomic<bool> not_ascending{false};   // a row's indices not strictly ascending (a repeat)
+};
+
 // Values are copied as raw words of their element size; zero bits are 0 in every dtype.
 template <typename W, typename I>
 void topk_restore_impl(const W* values, const I* indices, int64_t rows, int64_t k, int64_t row_length, W* out,
-                       std::atomic<bool>& bad) {
+                       RestoreFlags& flags) {
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(row_length + k, 1));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    bool local_bad = false;
+    bool outside = false, not_ascending = false;
     for (int64_t r = r0; r < r1; ++r) {
       const W* vr = values + r * k;
       const I* ir = indices + r * k;
       W* orow = out + r * row_length;
       std::memset(orow, 0, row_length * sizeof(W));  // row by row: still in cache for the scatter
+      int64_t prev = -1;
       for (int64_t j = 0; j < k; ++j) {
         const int64_t idx = static_cast<int64_t>(ir[j]);
+        not_ascending |= idx <= prev;
+        prev = idx;
         if (idx >= 0 && idx < row_length)
           orow[idx] = vr[j];
         else
-          local_bad = true;
+          outside = true;
       }
     }
-    if (local_bad) bad.store(true, std::memory_order_relaxed);
+    if (outside) flags.outside.store(true, std::memory_order_relaxed);
+    if (not_ascending) flags.not_ascending.store(true, std::memory_order_relaxed);
   });
 }
 
 template <typename W>
 void topk_restore_words(const at::Tensor& values, const at::Tensor& indices, int64_t rows, int64_t k,
-                        int64_t row_length, at::Tensor& out, std::atomic<bool>& bad) {
+                        int64_t row_length, at::Tensor& out, RestoreFlags& bad) {
   const W* vp = static_cast<const W*>(values.const_data_ptr());
   W* op = static_cast<W*>(out.data_ptr());
   switch (indices.scalar_type()) {
@@ -249,8 +259,9 @@ at::Tensor topk_restore_cpu(const at::Tensor& values_in, const at::Tensor& indic
               "slimfit::topk_restore: indices must be int16, int32 or int64, got ", itype);
   TORCH_CHECK(row_length >= 0, "slimfit::topk_restore: row_length must be >= 0, got ", row_length);
   const int64_t esize = values_in.element_size();
-  TORCH_CHECK(esize == 1 || esize == 2 || esize == 4 || esize == 8, "slimfit::topk_restore: unsupported dtype ",
-              values_in.scalar_type());
+  TORCH_CHECK(!values_in.is_complex() && (esize == 1 || esize == 2 || esize == 4 || esize == 8),
+              "slimfit::topk_restore: unsupported values dtype ", values_in.scalar_type(),
+              "; use a real dtype (restore values.real and values.imag separately)");
   std::vector<int64_t> out_shape(values_in.sizes().begin(), values_in.sizes().end());
   const int64_t k = out_shape.back();
   out_shape.back() = row_length;
@@ -258,20 +269,26 @@ at::Tensor topk_restore_cpu(const at::Tensor& values_in, const at::Tensor& indic
   // checked before the early return below, which would otherwise hand back an empty tensor.
   TORCH_CHECK(row_length > 0 || values_in.numel() == 0, "slimfit::topk_restore: row_length is 0 but each row has ",
               k, " kept entries; pass the pruned tensor's row length (PrunedTensor.row_length)");
+  // k distinct positions need rows of at least k (validation.op_topk_restore, same words).
+  TORCH_CHECK(k <= row_length || values_in.numel() == 0, "slimfit::topk_restore: row_length=", row_length,
+              " cannot hold the ", k, " kept entries of each row; pass the pruned tensor's row length "
+              "(PrunedTensor.row_length)");
   at::Tensor out = at::empty(out_shape, values_in.options());
   if (out.numel() == 0) return out;
   if (values_in.numel() == 0) return out.zero_();
   const at::Tensor values = values_in.contiguous();
   const at::Tensor indices = indices_in.contiguous();
   const int64_t rows = values.numel() / k;
-  std::atomic<bool> bad{false};
+  RestoreFlags bad;
   switch (esize) {
     case 1: topk_restore_words<uint8_t>(values, indices, rows, k, row_length, out, bad); break;
     case 2: topk_restore_words<uint16_t>(values, indices, rows, k, row_length, out, bad); break;
     case 4: topk_restore_words<uint32_t>(values, indices, rows, k, row_length, out, bad); break;
     default: topk_restore_words<uint64_t>(values, indices, rows, k, row_length, out, bad); break;
   }
-  TORCH_CHECK(!bad.load(), "slimfit::topk_restore: an index is outside [0, row_length=", row_length, ")");
+  TORCH_CHECK(!bad.outside.load(), "slimfit::topk_restore: an index is outside [0, row_length=", row_length, ")");
+  TORCH_CHECK(!bad.not_ascending.load(), "slimfit::topk_restore: the indices of a row are not strictly ascending (a "
+              "repeated index?); pass them as topk_prune returns them (sort each row's indices and values alike)");
   return out;
 }
 

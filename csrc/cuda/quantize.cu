@@ -2,15 +2,18 @@
 //
 // Bit-exact with slimfit/kernels/reference.py (the specification). Per group of
 // `group_size` consecutive elements of the flattened input, in fp32:
-//   mn, mx = min, max (NaN-propagating)      scale = (mx - mn) / (2**bits - 1)
-//   inv = 1 / (scale >= 2**-126 ? scale : 1) (one IEEE reciprocal per group, __frcp_rn)
-//   q = (x - mn) * inv                       code = clamp(floor(q + u), 0, 2**bits - 1)
+//   mn, mx = min, max (NaN-propagating)      h = 0.5 for a wide group (finite, but mx - mn
+//   scaled = (mx*h - mn*h) / (2**bits - 1)       overflows fp32), else 1 (then nothing changes)
+//   scale = wide ? 2 * scaled : scaled
+//   inv = 1 / (scaled >= 2**-126 ? scaled : 1) (one IEEE reciprocal per group, __frcp_rn)
+//   q = (x*h - mn*h) * inv                   code = clamp(floor(q + u), 0, 2**bits - 1)
 // with u = 0.5 (nearest) or the counter-based uniform of the element's flat index
 // (stochastic, rng_cuda.cuh; a template parameter, so the nearest kernel holds no hash).
 // Every step uses an explicitly rounded intrinsic
 // (__fsub_rn, __fdiv_rn, __frcp_rn, __fadd_rn, __fmul_rn) so nothing is contracted into an FMA
 // or replaced by an approximate division; setup.py also passes --fmad=false.
-// dequantize: x = code * scale + offset in fp32 (two roundings), cast to the dtype.
+// dequantize: x = code * scale + offset in fp32 (two roundings), cast to the dtype; where that
+// overflows with a finite scale and offset, the same value a quarter down, saturated at +-FLT_MAX.
 //
 // Layout of the work (memory-bound, so: wide loads, no shared memory, no atomics):
 //   * a thread owns V consecutive elements of one group (32 bytes of input: V = 8 for fp32,
@@ -161,6 +164,37 @@ void dispatch_bits_dq(int64_t bits, const at::Tensor& codes, const at::Tensor& s
   }
 }
 
+// Elements of a shape: negative dimensions are refused, and so is a product beyond int64 (which
+// would wrap around to a small count that passes the size checks). As csrc/cpu/quantize.cpp.
+int64_t shape_numel(at::IntArrayRef shape) {
+  int64_t n = 1;
+  bool too_big = false, zero = false;
+  for (const int64_t d : shape) {
+    TORCH_CHECK(d >= 0, "slimfit::dequantize: negative dimension in shape ", shape);
+    zero |= d == 0;
+    too_big |= __builtin_mul_overflow(n, d, &n);
+  }
+  if (zero) return 0;  // no elements, however large the other dimensions
+  TORCH_CHECK(!too_big, "slimfit::dequantize: shape ", shape, " has more elements than int64 holds; pass the shape "
+              "the tensor was quantized with (QuantizedTensor.shape)");
+  return n;
+}
+
+// The parts of a quantized tensor have exactly the sizes shape, bits and group_size give, as
+// validation._op_quantized_sizes says (same words).
+void check_quantized_sizes(int64_t n_codes, int64_t n_scale, int64_t n_offset, int64_t n, int64_t bits,
+                           int64_t group_size, at::IntArrayRef shape) {
+  const char* fix = "pass the shape, bits and group_size the tensor was quantized with "
+                    "(QuantizedTensor.shape, .bits, .group_size)";
+  const int64_t per = 8 / bits;
+  const int64_t need = n / per + (n % per != 0);  // no overflow near INT64_MAX
+  TORCH_CHECK(n_codes == need, "slimfit::dequantize: ", n_codes, " code bytes do not match the ", n,
+              " elements of shape ", shape, " at ", bits, " bits (", need, " bytes); ", fix);
+  const int64_t ng = n / group_size + (n % group_size != 0);
+  TORCH_CHECK(n_scale == ng && n_offset == ng, "slimfit::dequantize: need ", ng, " groups of scale/offset for ", n,
+              " elements (group_size ", group_size, "), got ", n_scale, " and ", n_offset, "; ", fix);
+}
+
 at::Tensor dequantize_cuda(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& offset_in,
                            int64_t bits, int64_t group_size, c10::SymIntArrayRef sym_shape, at::ScalarType dtype) {
   check_bits(bits, "dequantize");
@@ -178,25 +212,16 @@ at::Tensor dequantize_cuda(const at::Tensor& codes_in, const at::Tensor& scale_i
   const c10::cuda::CUDAGuard guard(codes_in.device());
 
   const at::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(sym_shape);
-  int64_t n = 1;
-  for (const int64_t s : shape) {
-    TORCH_CHECK(s >= 0, "slimfit::dequantize: negative dimension in shape ", shape);
-    n *= s;
-  }
+  const int64_t n = shape_numel(shape);
+  // The sizes before the allocation (validation.op_dequantize): a wrong shape must not first try
+  // to allocate its elements.
+  check_quantized_sizes(codes_in.numel(), scale_in.numel(), offset_in.numel(), n, bits, group_size, shape);
   // fp32/fp16/bf16 are written directly; any other dtype is computed in fp32 and cast,
   // which is what the reference does (`.to(dtype)` of the fp32 result).
   const bool direct = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
   at::Tensor out = at::empty(shape, codes_in.options().dtype(direct ? dtype : at::kFloat));
   if (n == 0) return direct ? out : out.to(dtype);
 
-  const int64_t ngroups = (n + group_size - 1) / group_size;
-  const int64_t per_byte = 8 / bits;
-  const int64_t need_bytes = (n + per_byte - 1) / per_byte;
-  TORCH_CHECK(codes_in.numel() >= need_bytes, "slimfit::dequantize: ", n, " elements at ", bits, " bits need ",
-              need_bytes, " bytes of codes, got ", codes_in.numel());
-  TORCH_CHECK(scale_in.numel() >= ngroups && offset_in.numel() >= ngroups, "slimfit::dequantize: ", n,
-              " elements in groups of ", group_size, " need ", ngroups, " scales and offsets, got ", scale_in.numel(),
-              " and ", offset_in.numel());
   const at::Tensor codes = codes_in.contiguous();
   const at::Tensor scale = scale_in.contiguous();
   const at::Tensor offset = offset_in.contiguous();

@@ -30,6 +30,7 @@ constexpr int kMinBlocksPerSM = 2048 / kBlock;
 #define SLIMFIT_FULL_VECTORS(cond) (cond)
 #endif
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kFp32Max = 3.40282346638528859812e+38f;  // the largest finite fp32
 
 // ------------------------------------------------------------------ element formats
 // Kind 0 = fp32, 1 = fp16, 2 = bf16. Storage is raw bits for the 16-bit formats so that
@@ -224,10 +225,16 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
   }
   if (valid == 0) return;  // past the end: nothing to write (no shuffle follows)
 
-  const float scale = __fdiv_rn(__fsub_rn(mx, mn), static_cast<float>(kLevels));
+  // A wide group (finite, but mx - mn overflows fp32: +-3e38) runs at half scale, exactly; for
+  // every other group h = 1 and these are (mx - mn) / L and (x - mn) * inv (reference.py).
+  const bool wide = __fsub_rn(mx, mn) > kFp32Max && mx <= kFp32Max && mn >= -kFp32Max;
+  const float h = wide ? 0.5f : 1.0f;
+  const float scaled = __fdiv_rn(__fsub_rn(__fmul_rn(mx, h), __fmul_rn(mn, h)), static_cast<float>(kLevels));
+  const float scale = wide ? __fmul_rn(scaled, 2.0f) : scaled;
+  const float mnh = __fmul_rn(mn, h);
   // One reciprocal per group (NaN >= x is false, as in torch.where); below the smallest
   // normal fp32 it would overflow: a constant group.
-  const float inv = __frcp_rn(scale >= 1.17549435082228750797e-38f ? scale : 1.0f);
+  const float inv = __frcp_rn(scaled >= 1.17549435082228750797e-38f ? scaled : 1.0f);
   // A thread's V elements lie in one group, which never straddles a multiple of 2**32: the
   // high half of the index is folded into the seed key once (the hash then runs on 32 bits).
   const uint32_t lo0 = static_cast<uint32_t>(static_cast<uint64_t>(e0));
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
   uint32_t words[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float q = __fmul_rn(__fsub_rn(elem(j), mn), inv);
+    const float q = __fmul_rn(__fsub_rn(__fmul_rn(elem(j), h), mnh), inv);
     float u = 0.5f;
     if constexpr (Stochastic) u = cuda_rng::word_to_uniform(rng::word_hk(lo0 + j, keys.k0, hk1));
     // clamp(floor(t), 0, levels) == trunc(clamp(t, 0, levels)): truncation is floor for t >= 0,
@@ -266,6 +273,18 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
 }
 
 // ------------------------------------------------------------------ dequantize
+// code * s + o in fp32 (two roundings). Where that overflows although s and o are finite (a wide
+// group's upper codes), the same value a quarter down (exact scalings), saturated at the largest
+// fp32, as reference.dequantize.
+__device__ __forceinline__ float dequant_value(float code, float s, float o, bool finite_so) {
+  float y = __fadd_rn(__fmul_rn(code, s), o);
+  if (finite_so && fabsf(y) > kFp32Max) {
+    y = __fmul_rn(__fadd_rn(__fmul_rn(code, __fmul_rn(s, 0.25f)), __fmul_rn(o, 0.25f)), 4.0f);
+    y = fminf(fmaxf(y, -kFp32Max), kFp32Max);
+  }
+  return y;
+}
+
 // A thread writes V = 16 / sizeof(out) consecutive elements (one 16-byte store); V
 // divides every group size, so they share one group's scale and offset.
 template <int Kind, int Bits>
@@ -286,6 +305,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
   const int64_t g = e0 >> group_shift;
   const float s = __ldg(scale + g);
   const float o = __ldg(offset + g);
+  const bool finite_so = fabsf(s) <= kFp32Max && fabsf(o) <= kFp32Max;
 
   const uint8_t* src = codes + e0 * Bits / 8;
   uint64_t packed = 0;
@@ -300,7 +320,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSM)
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const uint32_t code = static_cast<uint32_t>(packed >> (j * Bits)) & kMask;
-    res[j] = F::from_float(__fadd_rn(__fmul_rn(static_cast<float>(code), s), o));
+    res[j] = F::from_float(dequant_value(static_cast<float>(code), s, o, finite_so));
   }
   S* dst = out + e0;
   if (valid == V && SLIMFIT_FULL_VECTORS(vec_ok)) {

@@ -3,6 +3,8 @@ named structures of tensors plus static metadata (what autograd functions save).
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import NamedTuple
 
 import torch
@@ -10,9 +12,12 @@ import torch
 from . import _ops  # noqa: F401  (registers torch.ops.slimfit.*)
 from .validation import (
     check_dropout_p,
+    check_flag,
     check_float_input,
     check_quant_args,
     check_seed,
+    check_shape,
+    check_tensor,
     check_topk_args,
 )
 
@@ -70,18 +75,13 @@ def _raise_non_finite(op: str, what: str) -> None:
     )
 
 
-def _check_quantized_finite(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
-    """Raises when a group's scale or offset is not finite, naming the cause: a NaN/Inf input, or
-    finite values whose range max - min exceeds fp32 (e.g. +-3e38). One host read (two on failure)."""
+def _check_quantized_finite(scale: torch.Tensor, offset: torch.Tensor) -> None:
+    """Raises when a group's scale or offset is not finite: only a NaN/Inf input gives one (a finite
+    group whose range max - min exceeds fp32, e.g. +-3e38, is quantized at half scale: finite scale).
+    One host read."""
     if not scale.numel() or bool(torch.isfinite(scale).all() & torch.isfinite(offset).all()):
         return
-    if not bool(torch.isfinite(x).all()):
-        _raise_non_finite("quantize", "an input entry is not finite")
-    raise ValueError(
-        "slimfit.quantize: the input is finite but a group's range (max - min) exceeds the largest "
-        "float32 (3.4e38), so its scale overflows and its codes would be garbage; rescale the "
-        "tensor (values of magnitude above ~1.7e38 cannot be quantized per group)."
-    )
+    _raise_non_finite("quantize", "an input entry is not finite")
 
 
 def quantize(
@@ -95,9 +95,10 @@ def quantize(
 ) -> QuantizedTensor:
     """Per-group asymmetric min/max quantization of x (flattened) to `bits` bits.
 
-    check_finite=True raises on a NaN/Inf input or an fp32-overflowing group range, at the cost
-    of one host synchronisation on a GPU (it reads the per-group scales). Off (the default), a
-    non-finite group gets a non-finite scale or offset, so it dequantizes to non-finite values.
+    check_finite=True raises on a NaN/Inf input, at the cost of one host synchronisation on a GPU
+    (it reads the per-group scales). Off (the default), a non-finite group gets a non-finite scale
+    or offset, so it dequantizes to non-finite values. Finite input always gives a finite scale,
+    even when a group's range exceeds fp32 (+-3e38), and dequantizes to finite values.
 
     storage_order=True: when x is a permuted view of a dense tensor (attention's Q/K/V as
     ``(B, S, H, D).transpose(1, 2)``), the groups follow memory order and nothing is copied;
@@ -105,14 +106,16 @@ def quantize(
     `dequantize` returns the same logical shape either way."""
     check_float_input(x, "quantize")
     check_quant_args(bits, group_size)
+    bits, group_size = operator.index(bits), operator.index(group_size)  # numpy / 0-d tensor ints: plain ints
+    stochastic = check_flag(stochastic, "stochastic", "quantize")
     if seed is None:
         seed = new_seed() if stochastic else 0
     check_seed(seed, "quantize")
-    dims = storage_permutation(x) if storage_order else None
+    dims = storage_permutation(x) if check_flag(storage_order, "storage_order", "quantize") else None
     stored = x if dims is None else x.permute(dims)
-    codes, scale, offset = ops.quantize(stored, bits, group_size, bool(stochastic), int(seed))
+    codes, scale, offset = ops.quantize(stored, bits, group_size, stochastic, operator.index(seed))
     if check_finite:
-        _check_quantized_finite(x, scale, offset)
+        _check_quantized_finite(scale, offset)
     return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size, dims)
 
 
@@ -131,6 +134,10 @@ def storage_permutation(x: torch.Tensor) -> tuple | None:
 
 
 def dequantize(q: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"slimfit.dequantize: expected the QuantizedTensor quantize returned, got {type(q).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"slimfit.dequantize: dtype must be a torch.dtype (e.g. torch.float32), got {dtype!r}")
     if q.storage_dims is None:
         return ops.dequantize(q.codes, q.scale, q.offset, q.bits, q.group_size, list(q.shape), dtype or q.dtype)
     dims = q.storage_dims
@@ -151,47 +158,60 @@ def topk_prune(
     check_finite=True raises on a NaN/Inf input (one host synchronisation on a GPU); off (the
     default), NaN ranks above every number and is kept, so it reaches the restored tensor."""
     check_float_input(x, "topk_prune")
+    by_magnitude = check_flag(by_magnitude, "by_magnitude", "topk_prune")
     if (k is None) == (ratio is None):
         raise ValueError("slimfit.topk_prune: give exactly one of k or ratio")
     if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+            raise TypeError(f"slimfit.topk_prune: ratio must be a float in (0, 1], got {ratio!r}")
         if not (0.0 < ratio <= 1.0):
             raise ValueError(f"slimfit.topk_prune: ratio must be in (0, 1], got {ratio}")
         k = max(1, math.ceil(ratio * x.shape[-1])) if x.dim() else 1
     check_topk_args(x, k)
     if check_finite and x.numel() and not bool(torch.isfinite(x).all()):
         _raise_non_finite("topk_prune", "an input entry is not finite")
-    values, indices = ops.topk_prune(x, int(k), bool(by_magnitude))
+    values, indices = ops.topk_prune(x, operator.index(k), by_magnitude)
     return PrunedTensor(values, indices, int(x.shape[-1]))
 
 
 def topk_restore(p: PrunedTensor) -> torch.Tensor:
+    if not isinstance(p, PrunedTensor):
+        raise TypeError(f"slimfit.topk_restore: expected the PrunedTensor topk_prune returned, got {type(p).__name__}")
     return ops.topk_restore(p.values, p.indices, p.row_length)
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    check_tensor(mask, "mask", "pack_bits")
     if mask.dtype != torch.bool:
         raise TypeError(f"slimfit.pack_bits: expected a bool mask, got {mask.dtype} (use mask != 0)")
     return ops.pack_bits(mask)
 
 
 def unpack_bits(packed: torch.Tensor, shape) -> torch.Tensor:
+    """The bool mask of `shape` that pack_bits packed into `packed`. The byte count must be the one
+    pack_bits gives for that shape: a shape with fewer elements would silently read a prefix."""
+    check_tensor(packed, "packed", "unpack_bits")
     if packed.dtype != torch.uint8:
         raise TypeError(f"slimfit.unpack_bits: expected uint8 packed bits, got {packed.dtype}")
-    shape = tuple(shape)
+    shape = check_shape(shape, "unpack_bits")
     numel = math.prod(shape)
-    if packed.numel() * 8 < numel:
-        raise ValueError(f"slimfit.unpack_bits: {packed.numel()} bytes cannot hold {numel} bits")
+    need = (numel + 7) // 8
+    if packed.numel() != need:
+        what = "cannot hold" if packed.numel() < need else "are more than"
+        raise ValueError(f"slimfit.unpack_bits: {packed.numel()} bytes {what} the {numel} bits of shape {shape}, "
+                         f"which pack_bits packs into {need} bytes; pass the shape of the mask that was packed")
     return ops.unpack_bits(packed, numel).view(shape)
 
 
 def dropout_mask(like: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    check_tensor(like, "like", "dropout_mask")
     check_dropout_p(p)
     check_seed(seed, "dropout_mask")
-    return ops.dropout_mask(like, float(p), int(seed))
+    return ops.dropout_mask(like, float(p), operator.index(seed))
 
 
 def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     check_float_input(x, "seeded_dropout")
     check_dropout_p(p)
     check_seed(seed, "seeded_dropout")
-    return ops.seeded_dropout(x, float(p), int(seed))
+    return ops.seeded_dropout(x, float(p), operator.index(seed))

@@ -5,25 +5,40 @@ Formats
 -------
 quantize: the tensor is flattened (row-major) and cut into groups of `group_size`
 consecutive elements; the last group may be short. Per group, in fp32:
-    mn = min, mx = max, scale = (mx - mn) / (2**bits - 1)
-    inv = 1 / (scale if scale >= 2**-126 else 1)          # one IEEE reciprocal per group
-    q = (x - mn) * inv                                    # a multiply per element, no division
-    code = clamp(floor(q + 0.5), 0, 2**bits - 1)          # nearest
-    code = clamp(floor(q + u), 0, 2**bits - 1)            # stochastic, u = rng.uniform(seed, i)
-(every step rounded on its own: no fused multiply-add). A scale below the smallest normal fp32
-(2**-126: a group range under ~3e-36) is treated as a constant group (all codes 0, dequantized to
-mn, error <= that range): its reciprocal would overflow, and subnormal arithmetic differs between
-backends that flush it.
+    mn = min, mx = max
+    h = 0.5 if mx - mn overflows to +inf while mn and mx are finite ("wide" group) else 1
+    scaled = (mx*h - mn*h) / (2**bits - 1)                   # h = 1: (mx - mn) / (2**bits - 1)
+    scale = scaled * 2 if wide else scaled
+    inv = 1 / (scaled if scaled >= 2**-126 else 1)           # one IEEE reciprocal per group
+    q = (x*h - mn*h) * inv                                   # a multiply per element, no division
+    code = clamp(floor(q + 0.5), 0, 2**bits - 1)             # nearest
+    code = clamp(floor(q + u), 0, 2**bits - 1)               # stochastic, u = rng.uniform(seed, i)
+(every step rounded on its own: no fused multiply-add). h is a power of two, so a wide group
+(e.g. one holding +3e38 and -3e38: its range exceeds the largest fp32) is computed exactly as
+with an unbounded exponent (x*0.5 is exact but for a subnormal x, which vanishes next to mn*h:
+|mn| >= 2**103 in a wide group), and its scale is finite for every finite input. For every other
+group h = 1 changes nothing: the formulas are (mx - mn) / L and (x - mn) * inv, as before.
+A scale below the smallest normal fp32 (2**-126: a group range under ~3e-36) is treated as a
+constant group (all codes 0, dequantized to mn, error <= that range): its reciprocal would
+overflow, and subnormal arithmetic differs between backends that flush it.
 Codes are packed little-endian inside each byte: element i sits in byte i // (8 // bits)
 at bit (i % (8 // bits)) * bits; unused high bits of the last byte are zero.
 scale and offset (= mn) are fp32, one per group. A group holding NaN/Inf yields a
 non-finite scale or offset (the Python wrapper turns that into an error).
-dequantize: x = (code * scale + offset) in fp32 (no fused multiply-add), cast to dtype.
+dequantize: y = code * scale + offset in fp32 (no fused multiply-add), cast to dtype. Where that
+overflows to +-inf while scale and offset are finite (a wide group's upper codes: code * scale
+exceeds fp32 although the result does not), y = clamp((code * (scale/4) + offset/4) * 4,
+-FLT_MAX, FLT_MAX): the same value computed a quarter down (exact scalings), saturated at the
+largest fp32 (a reconstruction can exceed an input near FLT_MAX by a few ulps). Finite scale
+and offset never give a non-finite value; every value that does not overflow is unchanged.
 
 topk_prune: per row of the last dimension, keep the k entries with the largest key
 (key = x, or |x| when by_magnitude). Ties at the threshold keep the lowest indices.
 Kept entries are listed in ascending index order; values keep the input dtype, indices
 are int16 when the row length is at most 32768, int32 otherwise.
+topk_restore: each row's indices strictly ascending (as topk_prune lists them) and inside
+[0, row_length); the op checks refuse anything else (a repeated index would make the write order,
+which differs between backends, decide the result).
 
 pack_bits: element i of the flattened mask is bit i % 8 of byte i // 8.
 
@@ -39,6 +54,7 @@ from . import rng
 from .validation import codes_per_byte, num_groups, topk_index_dtype
 
 _MIN_NORMAL = 2.0**-126  # smallest normal fp32: a smaller scale is a constant group
+_FP32_MAX = torch.finfo(torch.float32).max
 
 
 def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -73,10 +89,14 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed
     mn = groups.amin(dim=1)
     mx = groups.amax(dim=1)
     levels = (1 << bits) - 1
-    scale = (mx - mn) / levels
-    divisor = torch.where(scale >= _MIN_NORMAL, scale, torch.ones_like(scale))
+    # A wide group (finite, but mx - mn overflows fp32) is computed at half scale, exactly.
+    wide = torch.isinf(mx - mn) & torch.isfinite(mx) & torch.isfinite(mn)
+    h = torch.where(wide, 0.5, 1.0)
+    scaled = (mx * h - mn * h) / levels  # scale * h
+    scale = torch.where(wide, scaled * 2.0, scaled)
+    divisor = torch.where(scaled >= _MIN_NORMAL, scaled, torch.ones_like(scaled))
     inv = 1.0 / divisor
-    q = (groups - mn[:, None]) * inv[:, None]
+    q = (groups * h[:, None] - (mn * h)[:, None]) * inv[:, None]
     if stochastic:
         noise = rng.uniform(seed, ng * group_size, x.device).view(ng, group_size)
     else:
@@ -91,10 +111,17 @@ def dequantize(codes, scale, offset, bits: int, group_size: int, shape, dtype):
         n *= int(s)
     if n == 0:
         return torch.empty(tuple(shape), dtype=dtype, device=codes.device)
+    # Any layout of the parts (a 0-d scale of one group, 2-d codes): their elements in order.
+    codes, scale, offset = codes.reshape(-1), scale.reshape(-1), offset.reshape(-1)
     values = _unpack_codes(codes, bits, n).to(torch.float32)
     group = torch.arange(n, device=codes.device) // group_size
-    out = values * scale[group]
-    out = out + offset[group]
+    s, o = scale[group], offset[group]
+    out = values * s
+    out = out + o
+    # Overflow with finite scale and offset: the same value a quarter down, saturated (docstring).
+    redo = torch.isinf(out) & torch.isfinite(s) & torch.isfinite(o)
+    quarter = (values * (s * 0.25) + o * 0.25) * 4.0
+    out = torch.where(redo, quarter.clamp(-_FP32_MAX, _FP32_MAX), out)
     return out.to(dtype).view(tuple(shape))
 
 
@@ -127,7 +154,8 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
     shifts = torch.arange(8, device=packed.device, dtype=torch.int64)
-    bits = (packed.to(torch.int64).unsqueeze(1) >> shifts) & 1
+    # The bytes in order, whatever packed's shape (0-d, 2-d, a view), as the other backends read them.
+    bits = (packed.reshape(-1).to(torch.int64).unsqueeze(1) >> shifts) & 1
     return bits.reshape(-1)[:numel].to(torch.bool)
 
 

@@ -1,6 +1,7 @@
 """Argument checks shared by every backend, with errors that name the problem and the fix."""
 from __future__ import annotations
 
+import numbers
 import operator
 
 import torch
@@ -23,8 +24,9 @@ def check_float_input(x: torch.Tensor, op: str) -> None:
 
 
 def _is_int(v) -> bool:
-    """An integer that is not a bool (True/False for a count or a seed is a mistake, not 1/0)."""
-    if isinstance(v, bool):
+    """An integer that is not a bool (True/False for a count or a seed is a mistake, not 1/0;
+    a bool tensor is a bool too, though it has __index__)."""
+    if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
         return False
     try:
         operator.index(v)
@@ -44,6 +46,38 @@ def check_quant_args(bits: int, group_size: int) -> None:
         raise ValueError(
             f"slimfit.quantize: group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}"
         )
+
+
+def check_flag(value, name: str, op: str) -> bool:
+    """`value` as a bool: True/False (numpy's too) or the ints 0/1. Anything else is refused, since
+    bool() would silently read a string such as "False" or a None as a choice."""
+    if isinstance(value, bool):
+        return value
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0:
+        return bool(value)  # a numpy bool
+    if _is_int(value) and operator.index(value) in (0, 1):
+        return bool(operator.index(value))
+    raise TypeError(f"slimfit.{op}: {name} must be True or False, got {value!r}")
+
+
+def check_tensor(t, name: str, op: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"slimfit.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_shape(shape, op: str) -> tuple:
+    """A shape (an int or a sequence of ints >= 0) as a tuple of ints."""
+    dims = (shape,) if _is_int(shape) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise TypeError(f"slimfit.{op}: shape must be an int or a sequence of ints, got {shape!r}") from None
+    if not all(_is_int(d) for d in dims):
+        raise TypeError(f"slimfit.{op}: shape must be a sequence of ints, got {shape!r}")
+    dims = tuple(operator.index(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"slimfit.{op}: negative dimension in shape {dims}")
+    return dims
 
 
 def check_seed(seed: int, op: str) -> None:
@@ -71,7 +105,8 @@ def topk_index_dtype(row_length: int) -> torch.dtype:
 
 
 def check_dropout_p(p: float) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
+    # numbers.Real: Python and numpy floats and ints (np.float32 is not a float subclass)
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"slimfit.dropout: p must be a float in [0, 1], got {p!r}")
     if not (0.0 <= p <= 1.0):
         raise ValueError(f"slimfit.dropout: p must be in [0, 1], got {p}")
@@ -140,12 +175,24 @@ def op_dequantize(codes, scale, offset, bits, group_size, shape, dtype) -> None:
         if int(d) < 0:
             raise ValueError(f"slimfit::{op}: negative dimension in shape {list(shape)}")
         n *= int(d)
-    if codes.numel() < packed_code_bytes(n, bits):
-        raise ValueError(f"slimfit::{op}: {codes.numel()} code bytes cannot hold {n} elements at {bits} bits")
+    _op_quantized_sizes(op, codes.numel(), scale.numel(), offset.numel(), n, bits, group_size, shape)
+
+
+def _op_quantized_sizes(op, n_codes, n_scale, n_offset, n, bits, group_size, shape) -> None:
+    """The parts of a quantized tensor have exactly the sizes its shape, bits and group_size give
+    (quantize makes them so). Checked before anything is allocated: a wrong shape must neither try
+    to allocate its elements (2**40 of them for 300 codes) nor read a prefix, and wrong bits must
+    not read 8-bit codes as 4-bit ones."""
+    fix = ("pass the shape, bits and group_size the tensor was quantized with "
+           "(QuantizedTensor.shape, .bits, .group_size)")
+    need = packed_code_bytes(n, bits)
+    if n_codes != need:
+        raise ValueError(f"slimfit::{op}: {n_codes} code bytes do not match the {n} elements of shape "
+                         f"{list(shape)} at {bits} bits ({need} bytes); {fix}")
     ng = num_groups(n, group_size)
-    if scale.numel() < ng or offset.numel() < ng:
+    if n_scale != ng or n_offset != ng:
         raise ValueError(f"slimfit::{op}: need {ng} groups of scale/offset for {n} elements (group_size "
-                         f"{group_size}), got {scale.numel()} and {offset.numel()}")
+                         f"{group_size}), got {n_scale} and {n_offset}; {fix}")
 
 
 def op_topk_prune(x, k, by_magnitude) -> None:
@@ -168,21 +215,42 @@ def op_topk_restore(values, indices, row_length) -> None:
                          "the same shape")
     if indices.dtype not in (torch.int16, torch.int32, torch.int64):
         raise TypeError(f"slimfit::{op}: indices must be int16, int32 or int64, got {indices.dtype}")
+    if values.is_complex() or values.element_size() > 8:
+        raise TypeError(f"slimfit::{op}: unsupported values dtype {values.dtype}; use a real dtype (restore "
+                        "values.real and values.imag separately)")
     if row_length < 0:
         raise ValueError(f"slimfit::{op}: row_length must be >= 0, got {row_length}")
     if indices.numel() == 0:
         return
+    k = values.shape[-1]
     if row_length == 0:
         raise ValueError(f"slimfit::{op}: indices point into rows of length 0")
-    # A data-dependent check. On the CPU a host read is free (and the error is a ValueError); on an
-    # accelerator, where this runs before every Triton restore, it must not wait for the host: a
-    # device-side assertion fails the stream asynchronously instead of writing out of bounds.
+    if k > row_length:  # k distinct positions need rows of at least k
+        raise ValueError(f"slimfit::{op}: row_length={row_length} cannot hold the {k} kept entries of each row; "
+                         "pass the pruned tensor's row length (PrunedTensor.row_length)")
+    _op_restore_indices(op, indices, row_length)
+
+
+def _op_restore_indices(op, indices, row_length) -> None:
+    """Every index inside [0, row_length) and strictly ascending along its row (as topk_prune gives
+    them): a repeated index would leave which value lands there to the backend. A data-dependent check.
+    On the CPU a host read is free (and the error is a ValueError); on an accelerator, where this runs
+    before every Triton restore, it must not wait for the host: a device-side assertion fails the
+    stream asynchronously instead of writing out of bounds."""
+    wide = indices.to(torch.int64)
+    inside = (wide >= 0) & (wide < row_length)
+    ascending = wide[..., 1:] > wide[..., :-1]
+    where = f"an index is outside [0, row_length={row_length})"
+    order = ("the indices of a row are not strictly ascending (a repeated index?); pass them as topk_prune "
+             "returns them (sort each row's indices and values alike)")
     if indices.device.type == "cpu":
-        if bool((indices < 0).any()) or bool((indices.to(torch.int64) >= row_length).any()):
-            raise ValueError(f"slimfit::{op}: an index is outside [0, row_length={row_length})")
+        if not bool(inside.all()):
+            raise ValueError(f"slimfit::{op}: {where}")
+        if not bool(ascending.all()):
+            raise ValueError(f"slimfit::{op}: {order}")
     else:
-        inside = ((indices >= 0) & (indices.to(torch.int64) < row_length)).all()
-        torch._assert_async(inside, f"slimfit::{op}: an index is outside [0, row_length={row_length})")
+        torch._assert_async(inside.all(), f"slimfit::{op}: {where}")
+        torch._assert_async(ascending.all(), f"slimfit::{op}: {order}")
 
 
 def op_pack_bits(mask) -> None:

@@ -48,3 +48,14 @@ def test_invalid_arguments(backend):
         backend.unpack_bits(packed, 17)
     with pytest.raises(backend.errors, match="uint8"):
         backend.unpack_bits(packed.to(torch.int32), 8)
+
+
+def test_unpack_any_layout_of_packed(backend):
+    """packed is read as its bytes in order, whatever its shape (2-d, 0-d, a strided view), on every
+    backend (the reference raised on all three)."""
+    raw = [5, 200, 17, 3]
+    flat = torch.tensor(raw, dtype=torch.uint8, device=backend.device)
+    want = [bool((b >> i) & 1) for b in raw for i in range(8)]
+    for packed, n in [(flat.view(2, 2), 29), (torch.stack([flat, flat], 1)[:, 0], 32), (flat[1], 8)]:
+        got, _ = check(backend, "unpack_bits", packed, n)
+        assert got.tolist() == want[8 if packed.dim() == 0 else 0:][:n]

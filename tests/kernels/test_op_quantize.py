@@ -117,6 +117,59 @@ def test_tiny_range_groups_are_constant(backend, bits):
     assert (y[:192] - x[:192]).abs().max() <= 2.0**-23
 
 
+def _wide_groups(dtype):
+    """Groups whose range max - min exceeds the largest fp32 although every value is finite: +-3e38
+    among ordinary values, values spread over the whole range with both extremes (reconstructions near
+    them overshoot fp32 and saturate), a group with zeros and a subnormal too; then an ordinary group."""
+    g = torch.Generator().manual_seed(5)
+    top = torch.finfo(dtype).max
+    a = torch.randn(64, generator=g) * 1e37
+    a[[3, 40]] = torch.tensor([3e38, -3e38])
+    b = (torch.rand(64, generator=g, dtype=torch.float64) * 2 - 1) * top
+    b[[0, 1, 2]] = torch.tensor([top, -top, top * (1 - 2**-20)], dtype=torch.float64)
+    c = torch.randn(64, generator=g)
+    c[[7, 8, 9, 10]] = torch.tensor([2.5e38, -1e38, 1e-40, -0.0])
+    return torch.cat([a.double(), b, c.double(), torch.randn(37, generator=g).double()]).to(dtype)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow in the interpreter's code * scale
+@pytest.mark.backend_grid(reason=LAUNCHES, interpreter={"dtype": (torch.float32,)})
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_wide_groups_stay_finite(backend, dtype):
+    """Finite in, finite out: a group whose range max - min overflows fp32 (+-3e38) gets a finite scale
+    (it is computed at half scale) and dequantizes to finite values within half a step of the input (a
+    step with stochastic rounding), bit for bit the reference. Before, its scale was inf and every
+    element of the group came back NaN."""
+    x = _wide_groups(dtype).to(backend.device)
+    for bits in backend.choose(BITS, (2, 8)):
+        for stochastic in (False, True):
+            codes, scale, offset = quantize_both(backend, x, bits, 64, stochastic, 3)
+            assert torch.isfinite(scale).all() and torch.isfinite(offset).all(), scale
+            y = backend.dequantize(codes, scale, offset, bits, 64, list(x.shape), torch.float32).cpu().double()
+            assert torch.isfinite(y).all()
+            xd = x.cpu().double()
+            step = scale.cpu().double().repeat_interleave(64)[: x.numel()]
+            # half a step (a step stochastic), plus fp32 rounding of the result
+            bound = step * (1.0 if stochastic else 0.5) * (1 + 1e-5) + torch.maximum(xd.abs(), y.abs()) * 2**-23
+            assert bool(((y - xd).abs() <= bound).all()), (bits, stochastic, float(((y - xd).abs() - bound).max()))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow in the interpreter's code * scale
+@pytest.mark.parametrize("bits", BITS)
+def test_full_range_group_round_trips_its_extremes(backend, bits):
+    """+-FLT_MAX in one group (range 2 * FLT_MAX): scale = 2 * FLT_MAX / (2**bits - 1) exactly (2**24 - 1
+    is a multiple of 3, 15 and 255) and both extremes come back exactly, although code * scale of the
+    top code is 2 * FLT_MAX: dequantize computes that value a quarter down."""
+    top = torch.finfo(torch.float32).max
+    levels = 2**bits - 1
+    x = torch.tensor([top, -top] + [0.0] * 30, device=backend.device)
+    (codes, scale, offset), _ = check(backend, "quantize", x, bits, 32, False, 0)
+    assert scale.item() == 2 * top / levels and offset.item() == -top
+    y, _ = check(backend, "dequantize", codes, scale, offset, bits, 32, [32], torch.float32)
+    assert y[0].item() == top and y[1].item() == -top
+    assert float(y[2:].abs().max()) <= scale.item() / 2
+
+
 ROUND_TRIP_SHAPES = [(1,), (7,), (3, 77), (2, 3, 5), (4, 256), (1000,), (7, 300)]
 
 

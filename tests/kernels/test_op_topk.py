@@ -230,3 +230,30 @@ def test_invalid_arguments(backend):
             backend.topk_restore(v, i, 10)
         with pytest.raises(backend.errors, match="outside"):
             backend.topk_restore(v, -i - 1, 25)
+
+
+def test_restore_rows_shorter_than_k(backend):
+    """A row_length smaller than the k entries of each row (a wrong row length): an error naming it, not
+    rows where repeated in-range indices silently overwrite each other."""
+    v = torch.randn(2, 5, device=backend.device)
+    i = torch.tensor([[0, 1, 1, 2, 2], [0, 0, 1, 1, 2]], dtype=torch.int16, device=backend.device)
+    with pytest.raises(backend.errors, match="row_length=3 cannot hold the 5 kept entries"):
+        backend.topk_restore(v, i, 3)
+
+
+@pytest.mark.backend_grid(reason="on a GPU the index checks are a device-side assertion (it fails the stream)",
+                          cuda=False)
+def test_restore_indices_strictly_ascending(backend):
+    """A repeated index in a row would leave which value lands there to the backend (and the gradient,
+    a gather, would reach both): an error, as is a row out of order (topk_prune lists them ascending)."""
+    v = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=backend.device)
+    for rows in ([[0, 2], [1, 1]], [[2, 1], [0, 1]]):
+        with pytest.raises(backend.errors, match="strictly ascending"):
+            backend.topk_restore(v, torch.tensor(rows, dtype=torch.int16, device=backend.device), 3)
+
+
+def test_restore_complex_values_refused(backend):
+    """Complex values: one error on every backend (Triton has no complex pointers; it raised a KeyError)."""
+    v = torch.ones(1, 2, dtype=torch.complex64, device=backend.device)
+    with pytest.raises(backend.errors, match="unsupported values dtype"):
+        backend.topk_restore(v, torch.tensor([[0, 1]], device=backend.device), 3)

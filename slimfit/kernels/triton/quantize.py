@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validation import check_quant_args, num_groups, op_quantize, packed_code_bytes
+from ..validation import num_groups, op_dequantize, op_quantize, packed_code_bytes
 from . import _rng
 from ._common import on_device
 
@@ -96,6 +96,9 @@ def dequantize_signature(out_type: str) -> dict:
             "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr"}
 
 
+FP32_MAX: tl.constexpr = 3.4028234663852886e38  # the largest finite fp32
+
+
 @triton.jit
 def _nan_min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -134,10 +137,15 @@ def _quantize_kernel(
         mx = tl.reduce(tl.where(valid, x, float("-inf")), 1, _nan_max)
 
     levels = tl.full((), LEVELS, tl.float32)
-    scale = tl.math.div_rn(mx - mn, levels)
-    divisor = tl.where(scale >= 1.1754943508222875e-38, scale, 1.0)    # 2**-126; NaN -> 1
+    # A wide group (finite, but mx - mn overflows fp32: +-3e38) runs at half scale, exactly; for
+    # every other group h = 1 and these are (mx - mn) / L and (x - mn) * inv (reference.py).
+    wide = (mx - mn > FP32_MAX) & (mx <= FP32_MAX) & (mn >= -FP32_MAX)
+    h = tl.where(wide, 0.5, 1.0)
+    scaled = tl.math.div_rn(mx * h - mn * h, levels)
+    scale = tl.where(wide, scaled * 2.0, scaled)
+    divisor = tl.where(scaled >= 1.1754943508222875e-38, scaled, 1.0)  # 2**-126; NaN -> 1
     inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), divisor)
-    q = (x - mn[:, None]) * inv[:, None]
+    q = (x * h[:, None] - (mn * h)[:, None]) * inv[:, None]
     if STOCHASTIC:
         lo = (base + offs).to(tl.uint32)                                # low 32 bits of the index
         hk1 = ((base >> 32).to(tl.uint32) if IDX64 else tl.full((), 0, tl.uint32)) ^ k1.to(tl.uint32, bitcast=True)
@@ -222,6 +230,12 @@ def _dequantize_kernel(
     # Two roundings (the launch disables fp fusion): exactly the reference's fp32 math.
     y = code * scale[:, None]
     y = y + offset[:, None]
+    # Overflow with a finite scale and offset (a wide group's upper codes): the same value a
+    # quarter down, saturated at the largest fp32 (reference.py).
+    finite = (tl.abs(scale) <= FP32_MAX) & (tl.abs(offset) <= FP32_MAX)
+    quarter = (code * (scale * 0.25)[:, None] + (offset * 0.25)[:, None]) * 4.0
+    quarter = tl.minimum(tl.maximum(quarter, -FP32_MAX), FP32_MAX)
+    y = tl.where((tl.abs(y) > FP32_MAX) & finite[:, None], quarter, y)
     idx = group[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]
     tl.store(out_ptr + idx, y.to(out_ptr.dtype.element_ty), mask=idx < n_elements)
 
@@ -230,30 +244,13 @@ _KERNEL_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def dequantize(codes, scale, offset, bits: int, group_size: int, shape, dtype):
-    check_quant_args(bits, group_size)
+    op_dequantize(codes, scale, offset, bits, group_size, shape, dtype)  # the sizes, before any allocation
     shape = tuple(int(s) for s in shape)
     n = math.prod(shape)
     if n == 0:
         return torch.empty(shape, dtype=dtype, device=codes.device)
     ng = num_groups(n, group_size)
     nbytes = packed_code_bytes(n, bits)
-    if not (codes.device == scale.device == offset.device):
-        raise ValueError(
-            f"slimfit.dequantize: codes, scale and offset must be on one device, got "
-            f"{codes.device}, {scale.device}, {offset.device}"
-        )
-    if codes.dtype != torch.uint8:
-        raise TypeError(f"slimfit.dequantize: codes must be uint8, got {codes.dtype}")
-    if codes.numel() < nbytes:
-        raise ValueError(
-            f"slimfit.dequantize: {codes.numel()} code bytes cannot hold {n} {bits}-bit codes "
-            f"(need {nbytes}); shape/bits do not match the quantized tensor"
-        )
-    if scale.numel() < ng or offset.numel() < ng:
-        raise ValueError(
-            f"slimfit.dequantize: need {ng} scales and offsets for {n} elements in groups of "
-            f"{group_size}, got {scale.numel()} and {offset.numel()}"
-        )
     codes = codes.contiguous().view(-1)
     scale = scale.to(torch.float32).contiguous().view(-1)
     offset = offset.to(torch.float32).contiguous().view(-1)
