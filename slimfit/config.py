@@ -107,35 +107,8 @@ class LinearSampling:
 
 
 _PARTS = {"attention": AttentionSaving, "sampling": LinearSampling}
-# The flat fields of earlier versions, now in a part: old name -> (part, field). Given as keywords they
-# raise (naming the new spelling); in a checkpoint written then they are read (from_dict).
-_FLAT = {
-    "qkv_bits": ("attention", "qkv_bits"),
-    "attn_probs": ("attention", "probs"),
-    "attn_keep_ratio": ("attention", "keep_ratio"),
-    "attn_dropout_on_v": ("attention", "dropout_on_v"),
-    "attention_path": ("attention", "path"),
-    "linear_sampling": ("sampling", "method"),
-    "sample_ratio": ("sampling", "ratio"),
-    "sample_min_rows": ("sampling", "min_rows"),
-    "sample_targets": ("sampling", "targets"),
-    "sample_norms": ("sampling", "norms"),
-}
-# Flat fields the earlier versions accepted, and did not use, with attention=False.
-_UNUSED_WHEN_OFF = ("attn_keep_ratio", "attention_path")
-
-
-def _moved_error(old_names) -> TypeError:
-    lines = []
-    for part, cls in _PARTS.items():
-        moved = [(old, new) for old, (p, new) in _FLAT.items() if p == part and old in old_names]
-        if moved:
-            args = ", ".join(f"{new}=..." for _, new in moved)
-            lines.append(f"{', '.join(f'{old} is now {part}.{new}' for old, new in moved)}: "
-                         f"SlimFitConfig({part}={cls.__name__}({args})), or cfg.with_{part}({args}) on a config")
-    return TypeError("SlimFitConfig: " + "; ".join(lines) + " (attention=None / sampling=None: the part is off)")
-
-
+# to_dict()'s "version": bumped when a saved field changes meaning; from_dict refuses versions it does not know.
+CONFIG_VERSION = 1
 @dataclass(frozen=True)
 class SlimFitConfig:
     """Which activations slimfit compresses. Fields left at their defaults change nothing
@@ -186,14 +159,6 @@ class SlimFitConfig:
     sampling: LinearSampling | None = None
     lm_head_chunk_rows: int | None = None
 
-    def __new__(cls, *args, **kwargs):
-        # An old flat keyword (the constructor's or replace()'s) names its new spelling instead of
-        # Python's bare "unexpected keyword argument".
-        moved = [name for name in kwargs if name in _FLAT]
-        if moved:
-            raise _moved_error(moved)
-        return super().__new__(cls)
-
     def __post_init__(self):
         for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits"):
             _check_bits("SlimFitConfig", name, getattr(self, name))
@@ -239,17 +204,20 @@ class SlimFitConfig:
 
     # ------------------------------------------------------------------ checkpoints
     def to_dict(self) -> dict:
-        """The nested form: each part a dict of its fields, or None."""
-        return dataclasses.asdict(self)
+        """The nested form: each part a dict of its fields, or None; with the format's `version`."""
+        return {**dataclasses.asdict(self), "version": CONFIG_VERSION}
 
     @classmethod
     def from_dict(cls, values: dict) -> "SlimFitConfig":
-        """A config from `to_dict()`'s output, or from the flat form earlier versions wrote (attention
-        a bool, qkv_bits, attn_probs, ..., linear_sampling, sample_ratio, ...), converted; keys it does
-        not know are refused, by name."""
+        """A config from `to_dict()`'s output; keys it does not know, and versions it does not know, are
+        refused by name."""
         if not isinstance(values, dict):
             raise TypeError(f"SlimFitConfig.from_dict expects a dict, got {type(values).__name__}")
-        values = _nest_flat(values)
+        values = dict(values)
+        version = values.pop("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ValueError(f"SlimFitConfig.from_dict: format version {version!r} is not this slimfit's "
+                             f"({CONFIG_VERSION}); load it with the slimfit version that wrote it")
         _refuse_unknown("SlimFitConfig", values, cls)
         for name in _PARTS:
             if isinstance(values.get(name), dict):
@@ -357,34 +325,3 @@ def _refuse_unknown(where: str, values: dict, cls) -> None:
 def _part_from_dict(name: str, values: dict):
     _refuse_unknown(f"SlimFitConfig.{name}", values, _PARTS[name])
     return _PARTS[name](**values)
-
-
-def _nest_flat(values: dict) -> dict:
-    """A copy of `values` with the flat fields of earlier versions (attention: bool, qkv_bits, attn_*,
-    attention_path; linear_sampling, sample_*) moved into the parts, as dicts. A part such a version
-    had off becomes None; a field it refused while off (e.g. qkv_bits without attention) raises, the
-    ones it accepted and did not use (attn_keep_ratio, attention_path) are dropped."""
-    values = dict(values)
-    for name, part in _PARTS.items():
-        flat = {old: values.pop(old) for old, (p, _) in _FLAT.items() if p == name and old in values}
-        if name == "attention" and isinstance(values.get(name), bool):
-            on = values.pop(name)  # the old switch
-        elif flat:
-            if name in values:
-                raise ValueError(f"SlimFitConfig.from_dict: both {name!r} and the flat field(s) {sorted(flat)} "
-                                 f"of earlier versions; give {name!r} only")
-            on = flat.get("linear_sampling") is not None  # attention without its switch: off, the old default
-        else:
-            continue
-        if on:
-            values[name] = {_FLAT[old][1]: value for old, value in flat.items()}
-            continue
-        flat.pop("linear_sampling", None)  # the old switch of sampling: None
-        defaults = part()
-        set_while_off = sorted(old for old, value in flat.items()
-                               if old not in _UNUSED_WHEN_OFF and value != getattr(defaults, _FLAT[old][1]))
-        if set_while_off:
-            raise ValueError(f"SlimFitConfig.from_dict: {set_while_off} set while {name} is off (attention=False / "
-                             "linear_sampling=None): they configure nothing there")
-        values[name] = None
-    return values
