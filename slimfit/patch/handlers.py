@@ -20,6 +20,7 @@ from torch import nn
 from ..autograd.norm_cache import NormCache
 from ..config import SlimFitConfig
 from . import families
+from .experts import ExpertsMixin, is_fused_experts, verify_experts
 from .modules import (
     OPTIONS,
     ORIGINAL_CLASS,
@@ -40,6 +41,7 @@ from .options import (
     ActivationOptions,
     ConvOptions,
     DropoutOptions,
+    ExpertsOptions,
     GELUOptions,
     LinearOptions,
     NormOptions,
@@ -339,6 +341,13 @@ HANDLERS: list = [
     Handler("gelu", lambda module, ctx: type(module) in ctx.gelu_kinds, GELUMixin, _gelu_options,
             lambda ctx, opts: f"{opts.bits}-bit input ({opts.approximate})",
             skip=lambda ctx, module: "gelu_bits=None" if ctx.config.gelu_bits is None else None),
+    Handler("experts", lambda module, ctx: is_fused_experts(module, ctx.silu_classes), ExpertsMixin,
+            lambda ctx, name, module: ExpertsOptions.from_config(ctx.config),
+            lambda ctx, opts: (f"fused experts: projections as linears (frozen: nothing saved), gate and up "
+                               f"{opts.product.bits}-bit"),
+            skip=lambda ctx, module: "silu_bits=None (experts saved as in PyTorch)" if ctx.config.silu_bits is None
+            else None,
+            on_patch=lambda ctx, module, options: ctx.claimed.add(id(module.act_fn)), verify=verify_experts),
     Handler("silu", lambda module, ctx: type(module) in ctx.silu_classes, SiLUMixin,
             lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
             lambda ctx, opts: f"{opts.bits}-bit input",

@@ -52,6 +52,23 @@ class ActivationOptions:
 
 
 @dataclass(frozen=True)
+class ExpertsOptions:
+    """Mixture-of-experts layers with fused 3-D weights: each expert's gate_up and down projections as
+    slimfit linears (a frozen weight saves nothing and computes no weight gradient), the gated product
+    as the SwiGLU product."""
+
+    gate_up: LinearOptions
+    down: LinearOptions
+    product: ActivationOptions
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig):
+        down_bits = config.ffn_out_input_bits or config.linear_input_bits
+        return cls(gate_up=LinearOptions.from_config(config, config.linear_input_bits),
+                   down=LinearOptions.from_config(config, down_bits), product=ActivationOptions.from_config(config))
+
+
+@dataclass(frozen=True)
 class GELUOptions:
     bits: int
     approximate: str  # 'none' | 'tanh': the formula the original module computes

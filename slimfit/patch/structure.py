@@ -24,14 +24,15 @@ def probe_input(features: int, like: torch.Tensor) -> torch.Tensor:
     return torch.randn(*PROBE_ROWS, features, generator=generator).to(dtype=like.dtype, device=like.device)
 
 
-def agrees(module: nn.Module, original_class: type, x: torch.Tensor) -> bool:
+def agrees(module: nn.Module, original_class: type, x: torch.Tensor, *rest) -> bool:
     """Whether the patched `module` (its class already swapped) computes, with a graph, output
-    bit-identical to its original class's forward on `x` (same dtype, same values)."""
+    bit-identical to its original class's forward on `x` (and further arguments `rest`): same dtype,
+    same values."""
     try:
         with torch.no_grad():
-            expected = original_class.forward(module, x)
+            expected = original_class.forward(module, x, *rest)
         with torch.enable_grad():
-            got = module(x.detach().requires_grad_(True))
+            got = module(x.detach().requires_grad_(True), *rest)
     except Exception:  # noqa: BLE001 - a forward that cannot run on the probe is not taken
         return False
     return (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == expected.dtype
