@@ -1,6 +1,6 @@
 """Saved-activation accounting: how many bytes autograd keeps for backward, and who saved them.
 
-    run = measure(model, batch)                # one forward (+ backward) under saved-tensor hooks
+    run = measure(model, **batch)              # one forward + backward (batch with labels, or loss_fn=)
     run.total, run.per_module["encoder.0.ffn"]
     print(report(run, baseline=plain_run))     # table: module, bytes, share, vs baseline
 
@@ -92,26 +92,56 @@ def _owned_tensors(objs) -> Iterable[torch.Tensor]:
             yield obj
 
 
-def _find_loss(out) -> torch.Tensor | None:
-    loss = getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
+def _describe(out) -> str:
+    """A few words on what a forward returned, for an error message."""
     if isinstance(out, torch.Tensor):
-        items = [out]
-    elif isinstance(out, dict) or (hasattr(out, "values") and callable(out.values)):
-        items = list(out.values())
-    elif isinstance(out, (list, tuple)):
-        items = list(out)
+        return f"a tensor of shape {tuple(out.shape)}"
+    if isinstance(out, (list, tuple)):
+        return f"a {type(out).__name__} of {len(out)} items"
+    if isinstance(out, dict):
+        return f"a {type(out).__name__} with keys {list(out)[:6]}"
+    return f"a {type(out).__name__}"
+
+
+_FIX = ("pass the labels so the model computes its own loss (its bytes counted), loss_fn=<output -> scalar "
+        "loss> (e.g. loss_fn=lambda out: F.cross_entropy(out[0], target); it runs after the measured forward, "
+        "its own bytes not counted), or backward=False to measure the forward alone")
+
+
+def _training_loss(out, loss_fn: Callable | None) -> torch.Tensor:
+    """The scalar loss the measured step runs backward on: `loss_fn(out)`, else the output's own
+    `loss` (a Hugging Face output), else the output itself when it is a one-element tensor.
+
+    Anything else is refused (ValueError) rather than made up: backward would run on a sum of outputs
+    no training step computes, and the bytes the real loss keeps (a cross-entropy keeps its
+    probabilities, as large as the logits) would be missing from a number reported as a training step.
+    A loss that does not require grad is refused too: such a step has no backward (PyTorch's own
+    loss.backward() raises)."""
+    if loss_fn is not None:
+        loss, what = loss_fn(out), "loss_fn(output)"
+    elif hasattr(out, "loss") or (isinstance(out, dict) and "loss" in out):
+        loss = out["loss"] if isinstance(out, dict) and "loss" in out else out.loss
+        what = "output.loss"
+        if loss is None:
+            raise ValueError(
+                "slimfit.memory.measure: output.loss is None: the model computed no loss (a Hugging Face "
+                "model called without labels), so backward cannot run and the bytes its loss keeps are "
+                f"not counted; {_FIX}")
+    elif isinstance(out, torch.Tensor) and out.numel() == 1:
+        loss, what = out, "the output"
     else:
-        items = [out]
-    terms = []
-    for item in items:
-        for t in _walk(item):
-            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
-                terms.append(t.float().sum())
-    if not terms:
-        return None
-    return torch.stack(terms).sum()
+        raise ValueError(
+            f"slimfit.memory.measure: the output ({_describe(out)}) has no loss to run backward on, and "
+            f"summing the outputs would make one up (the bytes the real loss keeps would be missing); {_FIX}")
+    if not isinstance(loss, torch.Tensor) or not loss.is_floating_point() or loss.numel() != 1:
+        raise ValueError(f"slimfit.memory.measure: {what} must be a one-element floating tensor (the loss), "
+                         f"got {_describe(loss)}; {_FIX}")
+    if not loss.requires_grad:
+        raise ValueError(
+            f"slimfit.memory.measure: {what} does not require grad (nothing in the measured step trains, or "
+            "it ran under torch.no_grad), so there is no backward to run; make a parameter or an input "
+            "require grad, or pass backward=False to measure the forward alone")
+    return loss
 
 
 def _refuse_meta(owners, args, kwargs) -> None:
@@ -150,6 +180,72 @@ def _backward_leaving_no_grad(loss: torch.Tensor) -> None:
         torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
+def _parameter_keys(root, fn_or_module, args, kwargs, exclude) -> set:
+    """Storage keys that are not activations: parameters and buffers of the measured module, of modules
+    and nn.Parameters among the arguments or reached through a plain function's closure / globals, and
+    everything in `exclude`. Refuses the meta device first (see `_refuse_meta`)."""
+    owners = [root] if root is not None else []
+    owners += [o for o in _walk((args, kwargs)) if isinstance(o, (nn.Module, nn.Parameter))]
+    owners += _referenced_objects(fn_or_module)
+    owners += list(_walk(tuple(exclude)))
+    _refuse_meta(owners, args, kwargs)
+    keys = {_storage_key_and_bytes(t)[0] for t in _owned_tensors(owners)}
+    for t in _walk(tuple(exclude)):
+        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+            keys.add(_storage_key_and_bytes(t)[0])
+    return keys
+
+
+class _Counter:
+    """The pack hook's state: each storage counted once, for the module on top of `stack` when first
+    saved; parameter / buffer storages (`param_keys`) counted apart, as `excluded`."""
+
+    def __init__(self, result: SavedMemory, param_keys: set):
+        self.result, self.param_keys = result, param_keys
+        self.stack = [ROOT]
+        self.seen: dict[Any, int] = {}
+        self.excluded_seen: set = set()
+        self.keep_alive: list[torch.Tensor] = []  # so a freed storage's address cannot be reused mid-run
+
+    def pack(self, t: torch.Tensor):
+        key, nbytes = _storage_key_and_bytes(t)
+        result = self.result
+        if key in self.param_keys:
+            if key not in self.excluded_seen:
+                self.excluded_seen.add(key)
+                result.excluded += nbytes
+            return t
+        if key not in self.seen:
+            self.seen[key] = nbytes
+            path = self.stack[-1]
+            result.per_module[path] = result.per_module.get(path, 0) + nbytes
+            result.counts[path] = result.counts.get(path, 0) + 1
+            result.total += nbytes
+            self.keep_alive.append(t)
+        return t
+
+
+def _path_hooks(root: nn.Module | None, stack: list) -> list:
+    """Forward pre/post hooks on every module of root keeping `stack` (module paths) current, so the pack
+    hook attributes a saved tensor to the innermost module running. Returns the handles to remove."""
+    handles = []
+    if root is None:
+        return handles
+    for name, mod in root.named_modules():
+        path = name or ROOT
+
+        def pre(_m, _a, path=path):
+            stack.append(path)
+
+        def post(_m, _a, _o):
+            if len(stack) > 1:
+                stack.pop()
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    return handles
+
+
 def measure(
     fn_or_module: Callable,
     *args,
@@ -160,10 +256,14 @@ def measure(
 ) -> SavedMemory:
     """Run `fn_or_module(*args, **kwargs)` once and count the bytes autograd saves for backward.
 
-    backward: also run backward (of `loss_fn(output)` if given, else of `output.loss` when the
-        output has one, else of the sum of every floating output that requires grad), which
-        checks the graph is usable and frees it; no parameter's `.grad` is touched (the gradients
-        are computed and dropped).
+    backward: also run backward of the step's loss: `loss_fn(output)` if given, else `output.loss`
+        (a Hugging Face model called with labels), else the output itself when it is a one-element
+        tensor. This checks the graph is usable and frees it; no parameter's `.grad` is touched (the
+        gradients are computed and dropped). `loss_fn` runs after the measured forward: the bytes it
+        saves are not counted (a model given its labels computes its loss inside, counted). No loss
+        is made up: an output without one (a tuple, a tensor of logits, `output.loss` None) raises
+        ValueError naming the fix (labels, `loss_fn=`, or `backward=False`, an explicit measurement
+        of the forward alone).
     exclude: extra modules / tensors whose storages are not activations. Parameters of the
         measured module, of modules / nn.Parameters among the arguments, and of those a plain
         function reaches through its closure or globals are excluded automatically.
@@ -173,71 +273,22 @@ def measure(
     root = fn_or_module if isinstance(fn_or_module, nn.Module) else getattr(fn_or_module, "__self__", None)
     if not isinstance(root, nn.Module):
         root = None
+    param_keys = _parameter_keys(root, fn_or_module, args, kwargs, exclude)
 
-    owners = [root] if root is not None else []
-    owners += [o for o in _walk((args, kwargs)) if isinstance(o, (nn.Module, nn.Parameter))]
-    owners += _referenced_objects(fn_or_module)
-    owners += list(_walk(tuple(exclude)))
-    _refuse_meta(owners, args, kwargs)
-    param_keys = set()
-    for t in _owned_tensors(owners):
-        param_keys.add(_storage_key_and_bytes(t)[0])
-    for t in _walk(tuple(exclude)):
-        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
-            param_keys.add(_storage_key_and_bytes(t)[0])
-
-    result = SavedMemory(name=getattr(fn_or_module, "__name__", type(fn_or_module).__name__))
-    stack = [ROOT]
-    seen: dict[Any, int] = {}
-    excluded_seen: set = set()
-    keep_alive: list[torch.Tensor] = []  # so a freed storage's address cannot be reused mid-run
-
-    def pack(t: torch.Tensor):
-        key, nbytes = _storage_key_and_bytes(t)
-        if key in param_keys:
-            if key not in excluded_seen:
-                excluded_seen.add(key)
-                result.excluded += nbytes
-            return t
-        if key not in seen:
-            seen[key] = nbytes
-            path = stack[-1]
-            result.per_module[path] = result.per_module.get(path, 0) + nbytes
-            result.counts[path] = result.counts.get(path, 0) + 1
-            result.total += nbytes
-            keep_alive.append(t)
-        return t
-
-    def unpack(t):
-        return t
-
-    handles = []
-    if root is not None:
-        for name, mod in root.named_modules():
-            path = name or ROOT
-
-            def pre(_m, _a, path=path):
-                stack.append(path)
-
-            def post(_m, _a, _o):
-                if len(stack) > 1:
-                    stack.pop()
-
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post, always_call=True))
+    counter = _Counter(SavedMemory(name=getattr(fn_or_module, "__name__", type(fn_or_module).__name__)),
+                       param_keys)
+    handles = _path_hooks(root, counter.stack)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
             out = fn_or_module(*args, **kwargs)
     finally:
         for h in handles:
             h.remove()
     if backward:
-        loss = loss_fn(out) if loss_fn is not None else _find_loss(out)
-        if loss is not None and loss.requires_grad:
-            _backward_leaving_no_grad(loss)
+        _backward_leaving_no_grad(_training_loss(out, loss_fn))
     del out
-    keep_alive.clear()
-    return result
+    counter.keep_alive.clear()
+    return counter.result
 
 
 def saved_bytes(fn: Callable, *args, **kwargs) -> int:

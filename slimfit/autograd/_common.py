@@ -9,6 +9,8 @@
   output dtype is what PyTorch gives for the same op and a backward called inside an autocast
   region does not re-cast the gradient math.
 * Argument checks whose errors name the problem (`check_float`, `check_bits`, ...).
+* Non-finite values through top-k: `lost_nonfinite(pruned)` flags the rows whose dropped entries may
+  have been NaN/Inf, so a backward built on a top-k tensor can keep them visible (issue #30).
 * Double backward: every backward is wrapped in `backward_once(op)`; a backward run with
   `create_graph=True` raises an error naming the op instead of silently giving a wrong second
   derivative (the backward uses compressed activations and is not itself differentiable).
@@ -17,6 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import numbers
+import operator
 from typing import Iterable
 
 import torch
@@ -29,7 +34,8 @@ from .seeds import side_seed
 __all__ = [
     "backward_once", "once_differentiable", "save", "load", "restore", "compress_quantize",
     "compress_topk", "autocast_dtype", "no_autocast",
-    "check_float", "check_bits", "check_group_size", "check_same_dtype", "QUANT_BITS",
+    "check_float", "check_bits", "check_group_size", "check_same_dtype", "check_same_device", "check_flag",
+    "check_eps", "check_keep_ratio", "lost_nonfinite", "QUANT_BITS",
 ]
 
 QUANT_BITS = SUPPORTED_BITS
@@ -115,6 +121,18 @@ def restore(item, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     return item if dtype is None else item.to(dtype)
 
 
+def lost_nonfinite(item: PrunedTensor) -> torch.Tensor:
+    """Per row of a top-k tensor (shape (..., 1), fp32): NaN where every kept value is NaN/Inf, else 0.
+
+    Top-k by magnitude (and by value) keeps NaN and Inf first, so a row keeps all of its non-finite
+    entries unless it had at least k of them; only then may some have been dropped (a LayerNorm row of
+    NaN keeps k of D). A gradient summed over rows from the restored tensor (a norm's weight gradient,
+    attention's dV) then misses columns that PyTorch's has non-finite; adding this flag's sum brings
+    them back, arithmetically (no host read). Rows with a finite kept value lost nothing."""
+    finite = item.values.isfinite().any(dim=-1, keepdim=True)
+    return torch.where(finite, 0.0, float("nan"))
+
+
 def backward_once(op: str):
     """Decorator for Function.backward: refuse double backward with an error naming the op."""
 
@@ -153,6 +171,17 @@ def no_autocast(device_type: str):
 
 
 # ---------------------------------------------------------------- checks
+def _is_int(v) -> bool:
+    """An integer that is not a bool (True for a bit width or a group size is a mistake, not 1)."""
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
+
+
 def check_float(op: str, name: str, t: torch.Tensor | None) -> None:
     if t is None:
         return
@@ -169,13 +198,13 @@ def check_bits(op: str, name: str, bits, allowed: Iterable = QUANT_BITS, allow_n
     if bits is None and allow_none:
         return
     allowed = tuple(allowed)
-    if isinstance(bits, bool) or bits not in allowed:
+    if not _is_int(bits) or bits not in allowed:  # 8.0 equals 8 but is not a bit width
         extra = " or None (no compression)" if allow_none else ""
         raise ValueError(f"slimfit.{op}: {name} must be one of {allowed}{extra}, got {bits!r}")
 
 
 def check_group_size(op: str, group_size) -> None:
-    if group_size not in SUPPORTED_GROUP_SIZES:
+    if not _is_int(group_size) or group_size not in SUPPORTED_GROUP_SIZES:
         raise ValueError(
             f"slimfit.{op}: group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size!r}"
         )
@@ -190,6 +219,36 @@ def check_same_dtype(op: str, **tensors) -> None:
             f"slimfit.{op}: mismatched dtypes ({desc}); cast them to one dtype or run under "
             "torch.autocast"
         )
+
+
+def check_same_device(op: str, **tensors) -> None:
+    """Every tensor on one device, checked before anything runs: otherwise the forward may run (a meta
+    weight gives a meta output) and autograd fails later, far from the call, or PyTorch's own error
+    names none of slimfit's arguments."""
+    named = [(k, v.device) for k, v in tensors.items() if v is not None]
+    if len({d for _, d in named}) > 1:
+        desc = ", ".join(f"{k} on {d}" for k, d in named)
+        raise ValueError(f"slimfit.{op}: tensors on different devices ({desc}); move them to one device")
+
+
+def check_flag(op: str, **flags) -> None:
+    """Boolean options must be bools: `stochastic="no"` is truthy and would silently turn rounding on."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"slimfit.{op}: {name} must be True or False, got {value!r}")
+
+
+def check_eps(op: str, eps) -> None:
+    """eps is added to the variance: NaN or a negative value makes rows NaN silently."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"slimfit.{op}: eps must be a finite number >= 0, got {eps!r}")
+
+
+def check_keep_ratio(op: str, keep_ratio) -> None:
+    """Checked whatever `save` is: a module switches to top-k when its weight is frozen."""
+    if (isinstance(keep_ratio, bool) or not isinstance(keep_ratio, numbers.Real)
+            or not (0.0 < keep_ratio <= 1.0)):  # NaN fails the range
+        raise ValueError(f"slimfit.{op}: keep_ratio must be a number in (0, 1], got {keep_ratio!r}")
 
 
 def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -36,23 +36,25 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..kernels.api import quantize, topk_prune
+from ..kernels.api import PrunedTensor, quantize, topk_prune
 from ..kernels.reference import apply_keep
 from ._common import (
     autocast_dtype,
     backward_once,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
     check_same_dtype,
     load,
+    lost_nonfinite,
     no_autocast,
     restore,
     save,
 )
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
-__all__ = ["attention", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
+__all__ = ["attention", "check_mask", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
 
 PROBS_MODES = ("topk", "int8", "int4", "full", "recompute")
 DROPOUT_MODES = ("seed", "on_v")
@@ -69,14 +71,18 @@ def topk_keep(keep_ratio: float, row_length: int) -> int:
 # ------------------------------------------------------------------ forward math
 
 def _masked_scores(scores: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
-    """scores: a fresh fp32 (..., Sq, Sk) tensor; the mask is applied in place."""
+    """scores: a fresh fp32 (..., Sq, Sk) tensor; the mask is applied in place.
+
+    A bool or causal mask is added as 0 / -inf, as SDPA's math backend converts it, rather than written
+    over the scores: a NaN (or +Inf) score at a masked position stays NaN and makes its row NaN, as in
+    PyTorch, instead of being overwritten and vanishing from the output and the gradients (issue #30)."""
     if is_causal:
         sq, sk = scores.shape[-2:]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).tril_()
-        scores.masked_fill_(~keep, float("-inf"))
+        scores.add_(torch.full((sq, sk), float("-inf"), device=scores.device).triu_(1))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores.masked_fill_(~attn_mask, float("-inf"))
+            additive = torch.zeros(attn_mask.shape, dtype=torch.float32, device=scores.device)
+            scores.add_(additive.masked_fill_(~attn_mask, float("-inf")))
         else:
             scores.add_(attn_mask.to(torch.float32))
     return scores
@@ -196,6 +202,8 @@ class _AttentionFn(torch.autograd.Function):
             p32 = _probs(q, k, ctx.scale, mask, ctx.is_causal)
         else:
             p32 = restore(saved_p, torch.float32)  # no copy when P was saved in fp32
+        # a row of NaN probabilities makes all of PyTorch's dV (of that head) NaN; top-k kept k of them
+        lost = lost_nonfinite(saved_p).sum(dim=-2, keepdim=True) if isinstance(saved_p, PrunedTensor) else None
         del saved_q, saved_k, saved_v, saved_p, mask
         p = p32.to(math_dtype)
         grad_out = grad_out.to(math_dtype)
@@ -233,6 +241,8 @@ class _AttentionFn(torch.autograd.Function):
         grad_k = None
         if ctx.needs_input_grad[1]:
             grad_k = _bmm(q.transpose(-2, -1), grad_s_scaled).transpose(-2, -1).to(compute_dtype)
+        if lost is not None:
+            grad_v = grad_v + lost
         grad_v = grad_v.to(compute_dtype) if ctx.needs_input_grad[2] else None
         return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 9
 
@@ -280,29 +290,36 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio
         raise ValueError(f"slimfit.attention: dropout_p must be in [0, 1], got {dropout_p!r}")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"slimfit.attention: scale must be a finite number, got {scale!r}")
-    if attn_mask is not None:
-        if is_causal:
-            raise ValueError("slimfit.attention: give either attn_mask or is_causal=True, not both "
-                             "(as scaled_dot_product_attention)")
-        if not isinstance(attn_mask, Tensor):
-            raise TypeError(f"slimfit.attention: attn_mask must be a tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            raise TypeError(
-                f"slimfit.attention: attn_mask must be bool (True = attend) or an additive float mask, "
-                f"got {attn_mask.dtype}"
-            )
-        if attn_mask.device != q.device:
-            raise ValueError(f"slimfit.attention: attn_mask is on {attn_mask.device}, q on {q.device}")
-        target = tuple(q.shape[:-1]) + (k.shape[-2],)
-        try:
-            ok = torch.broadcast_shapes(attn_mask.shape, target) == torch.Size(target)
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"slimfit.attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                f"the score shape {target} (batch..., Sq, Sk)"
-            )
+    check_mask("attention", attn_mask, q, k, is_causal)
+
+
+def check_mask(op: str, attn_mask: Optional[Tensor], q: Tensor, k: Tensor, is_causal: bool) -> None:
+    """attn_mask: None, or a bool (True = attend) / additive float tensor on q's device that broadcasts
+    to the score shape (..., Sq, Sk); never together with is_causal (as scaled_dot_product_attention)."""
+    if attn_mask is None:
+        return
+    if is_causal:
+        raise ValueError(f"slimfit.{op}: give either attn_mask or is_causal=True, not both "
+                         "(as scaled_dot_product_attention)")
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"slimfit.{op}: attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            f"slimfit.{op}: attn_mask must be bool (True = attend) or an additive float mask, "
+            f"got {attn_mask.dtype}"
+        )
+    if attn_mask.device != q.device:
+        raise ValueError(f"slimfit.{op}: attn_mask is on {attn_mask.device}, q on {q.device}")
+    target = tuple(q.shape[:-1]) + (k.shape[-2],)
+    try:
+        ok = torch.broadcast_shapes(attn_mask.shape, target) == torch.Size(target)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"slimfit.{op}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+            f"the score shape {target} (batch..., Sq, Sk)"
+        )
 
 
 # ------------------------------------------------------------------ public entry
@@ -342,6 +359,7 @@ def attention(
     output has that dtype, as scaled_dot_product_attention.
     """
     amp_dtype = autocast_dtype(q.device.type) if isinstance(q, Tensor) else None
+    check_flag("attention", training=training, check_finite=check_finite)
     _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
            dropout_mode, scale, amp_dtype is not None)
     if amp_dtype is not None:

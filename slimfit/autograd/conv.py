@@ -20,7 +20,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import autocast_dtype, backward_once, cast, check_float, check_same_dtype, load, no_autocast, save
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    cast,
+    check_float,
+    check_same_device,
+    check_same_dtype,
+    load,
+    no_autocast,
+    save,
+)
 
 __all__ = ["conv"]
 
@@ -92,6 +102,7 @@ def conv(
     check_float("conv", "input", x)
     check_float("conv", "weight", weight)
     check_float("conv", "bias", bias)
+    check_same_device("conv", input=x, weight=weight, bias=bias)
     n = weight.dim() - 2
     if n not in _CONV:
         raise ValueError(f"slimfit.conv: weight must be 3-, 4- or 5-D (a 1/2/3-d convolution), "

@@ -23,7 +23,7 @@ from ..kernels import rng
 from ..kernels.api import dropout_mask, pack_bits, seeded_dropout, unpack_bits
 from ..kernels.reference import apply_keep
 from ..kernels.validation import check_dropout_p, check_seed
-from ._common import backward_once, check_float, load, no_autocast, save
+from ._common import backward_once, check_flag, check_float, load, no_autocast, save
 from .seeds import reset_side_seeds
 
 __all__ = ["dropout", "draw_seed", "apply_seeded_dropout", "keep_mask"]
@@ -140,6 +140,7 @@ def dropout(
     """Inverted dropout with probability p; the identity when not training or p == 0."""
     check_float("dropout", "input", x)
     check_dropout_p(p)
+    check_flag("dropout", training=training)
     if mode not in _MODES:
         raise ValueError(f"slimfit.dropout: mode must be 'seed' or 'bitmask', got {mode!r}")
     if seed is not None:

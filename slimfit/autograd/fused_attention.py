@@ -45,13 +45,17 @@ from ._common import (
     autocast_dtype,
     backward_once,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
+    check_same_device,
+    check_same_dtype,
     load,
     no_autocast,
     restore,
     save,
 )
+from .attention import check_mask
 
 __all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes"]
 
@@ -251,6 +255,8 @@ class _FusedAttentionFn(torch.autograd.Function):
 # ------------------------------------------------------------------ public entry
 
 def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale):
+    """Every argument checked before a kernel is chosen, so a mistake (mixed dtypes or devices, a mask
+    that does not fit) is named as such, not reported as "no fused kernel takes these inputs"."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float("fused_attention", name, t)
         if t.dim() != 4:
@@ -261,6 +267,9 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backw
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(f"slimfit.fused_attention: {q.shape[1]} query heads are not a multiple of "
                          f"{k.shape[1]} key/value heads")
+    check_same_device("fused_attention", q=q, k=k, v=v)
+    if autocast_dtype(q.device.type) is None:  # autocast casts them to one dtype
+        check_same_dtype("fused_attention", q=q, k=k, v=v)
     if backward not in BACKWARD_MODES:
         raise ValueError(f"slimfit.fused_attention: backward must be one of {BACKWARD_MODES}, got {backward!r}")
     check_bits("fused_attention", "qkv_bits", qkv_bits, allow_none=True)
@@ -269,8 +278,7 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backw
         raise ValueError(f"slimfit.fused_attention: dropout_p must be in [0, 1], got {dropout_p!r}")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"slimfit.fused_attention: scale must be a finite number, got {scale!r}")
-    if attn_mask is not None and is_causal:
-        raise ValueError("slimfit.fused_attention: give either attn_mask or is_causal=True, not both")
+    check_mask("fused_attention", attn_mask, q, k, is_causal)
 
 
 def fused_attention(
@@ -301,6 +309,7 @@ def fused_attention(
     Raises ValueError when no fused kernel takes these inputs (see `fused_kernel`; e.g.
     attention dropout on the CPU): use slimfit.autograd.attention there.
     """
+    check_flag("fused_attention", training=training, check_finite=check_finite)
     _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale)
     amp_dtype = autocast_dtype(q.device.type)
     if amp_dtype is not None:

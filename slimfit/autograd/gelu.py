@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ._common import (
     backward_once,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
     compress_quantize,
@@ -64,6 +65,7 @@ def gelu(
     check_float("gelu", "input", x)
     check_bits("gelu", "bits", bits)
     check_group_size("gelu", group_size)
+    check_flag("gelu", stochastic=stochastic, check_finite=check_finite)
     if approximate not in _APPROX:
         raise ValueError(f"slimfit.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if not (torch.is_grad_enabled() and x.requires_grad):

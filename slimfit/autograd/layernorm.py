@@ -9,24 +9,34 @@ so backward needs x_hat and rstd only. x_hat is saved as
     'topk'  the `keep_ratio` largest-magnitude entries of each row (values in the input dtype,
             int16 indices) -- the SlimFit code keeps 10% when the LayerNorm weight is frozen
     'full'  uncompressed, in the input dtype.
+NaN/Inf stay visible as in PyTorch's gradients: int8 and full keep them in x_hat; top-k keeps non-finite
+entries first, and a row that may have lost some (a row of NaN keeps k of D) makes every entry of dw
+NaN, as PyTorch's dw is (`_common.lost_nonfinite`).
 """
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
 
+from ..kernels.api import PrunedTensor
 from ._common import (
     NORM_SAVES,
     autocast_dtype,
     backward_once,
     cast,
+    check_eps,
+    check_flag,
     check_float,
     check_group_size,
+    check_keep_ratio,
+    check_same_device,
     compress_quantize,
     compress_topk,
     load,
+    lost_nonfinite,
     no_autocast,
     restore,
     save,
@@ -151,11 +161,71 @@ class _LayerNorm(torch.autograd.Function):
                     dx = dx.mul_(rstd)
                     grad_x = (dx if flat else dx.view(ctx.x_shape)).to(ctx.x_dtype)
                 if need_w:
+                    if isinstance(saved, PrunedTensor):  # non-finite entries top-k dropped reach dw
+                        dw = dw + lost_nonfinite(saved).sum()
                     grad_w = (dw if flat else dw.view(ctx.normalized_shape)).to(ctx.w_dtype)
             if need_b:
                 grad_b = g.sum(lead)
                 grad_b = (grad_b if flat else grad_b.view(ctx.normalized_shape)).to(ctx.b_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+
+
+def _check_affine_dtypes(x: torch.Tensor, weight, bias) -> None:
+    """As F.layer_norm: weight and bias in the input's dtype, or both fp32 for a half-precision input
+    (PyTorch's mixed-type kernel). Anything else PyTorch refuses deep in its kernel ("mixed dtype
+    (CPU)"), naming no argument; under CUDA autocast everything is cast to fp32 first."""
+    if x.device.type == "cuda" and autocast_dtype("cuda") is not None:
+        return
+    dtypes = {t.dtype for t in (weight, bias) if t is not None}
+    if not dtypes or dtypes == {x.dtype} or (dtypes == {torch.float32} and x.dtype != torch.float32):
+        return
+    desc = ", ".join(f"{n}={t.dtype}" for n, t in (("input", x), ("weight", weight), ("bias", bias)) if t is not None)
+    raise TypeError(f"slimfit.layer_norm: mismatched dtypes ({desc}); give weight and bias the input's dtype "
+                    "(or float32 for a float16 / bfloat16 input)")
+
+
+def _check(x, normalized_shape, weight, bias, eps, save, keep_ratio, group_size, stochastic, check_finite) -> tuple:
+    """Every argument checked before anything runs; returns normalized_shape as a tuple of ints."""
+    check_float("layer_norm", "input", x)
+    check_float("layer_norm", "weight", weight)
+    check_float("layer_norm", "bias", bias)
+    check_same_device("layer_norm", input=x, weight=weight, bias=bias)
+    _check_affine_dtypes(x, weight, bias)
+    if save not in _MODES:
+        raise ValueError(f"slimfit.layer_norm: save must be one of {_MODES}, got {save!r}")
+    check_keep_ratio("layer_norm", keep_ratio)
+    check_group_size("layer_norm", group_size)
+    check_eps("layer_norm", eps)
+    check_flag("layer_norm", stochastic=stochastic, check_finite=check_finite)
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if not all(_is_size(s) for s in normalized_shape):
+        raise TypeError(f"slimfit.layer_norm: normalized_shape must be ints, got {tuple(normalized_shape)!r}")
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    n = len(normalized_shape)
+    if n == 0 or x.dim() < n or tuple(x.shape[x.dim() - n:]) != normalized_shape:
+        raise ValueError(
+            f"slimfit.layer_norm: mismatched shapes: input {tuple(x.shape)} does not end with "
+            f"normalized_shape {normalized_shape}"
+        )
+    if math.prod(normalized_shape) == 0:
+        raise ValueError("slimfit.layer_norm: normalized_shape must not contain a zero")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != normalized_shape:
+            raise ValueError(
+                f"slimfit.layer_norm: mismatched shapes: {name} {tuple(t.shape)} must equal "
+                f"normalized_shape {normalized_shape}"
+            )
+    return normalized_shape
+
+
+def _is_size(s) -> bool:
+    """An int (or 0-dim integer tensor, as torch.Size entries may be), not a bool or a float."""
+    try:
+        operator.index(s)
+    except TypeError:
+        return False
+    return not isinstance(s, bool)
 
 
 def layer_norm(
@@ -175,31 +245,8 @@ def layer_norm(
 
     Output dtype: as PyTorch (under CUDA autocast layer_norm runs in fp32; CPU autocast leaves
     it alone)."""
-    check_float("layer_norm", "input", x)
-    check_float("layer_norm", "weight", weight)
-    check_float("layer_norm", "bias", bias)
-    if save not in _MODES:
-        raise ValueError(f"slimfit.layer_norm: save must be one of {_MODES}, got {save!r}")
-    if save == "topk" and not (0.0 < keep_ratio <= 1.0):
-        raise ValueError(f"slimfit.layer_norm: keep_ratio must be in (0, 1], got {keep_ratio}")
-    check_group_size("layer_norm", group_size)
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    normalized_shape = tuple(int(s) for s in normalized_shape)
-    n = len(normalized_shape)
-    if n == 0 or x.dim() < n or tuple(x.shape[x.dim() - n:]) != normalized_shape:
-        raise ValueError(
-            f"slimfit.layer_norm: mismatched shapes: input {tuple(x.shape)} does not end with "
-            f"normalized_shape {normalized_shape}"
-        )
-    if math.prod(normalized_shape) == 0:
-        raise ValueError("slimfit.layer_norm: normalized_shape must not contain a zero")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != normalized_shape:
-            raise ValueError(
-                f"slimfit.layer_norm: mismatched shapes: {name} {tuple(t.shape)} must equal "
-                f"normalized_shape {normalized_shape}"
-            )
+    normalized_shape = _check(x, normalized_shape, weight, bias, eps, save, keep_ratio, group_size, stochastic,
+                              check_finite)
     # PyTorch's autocast runs layer_norm in fp32 on CUDA; CPU autocast does not touch it.
     compute_dtype = torch.float32 if (x.device.type == "cuda" and autocast_dtype("cuda") is not None) else None
     needs_graph = torch.is_grad_enabled() and any(

@@ -18,8 +18,10 @@ from ._common import (
     backward_once,
     cast,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
+    check_same_device,
     check_same_dtype,
     compress_quantize,
     load,
@@ -118,6 +120,8 @@ def linear(
     check_float("linear", "bias", bias)
     check_bits("linear", "input_bits", input_bits, allow_none=True)
     check_group_size("linear", group_size)
+    check_flag("linear", stochastic=stochastic, check_finite=check_finite)
+    check_same_device("linear", input=x, weight=weight, bias=bias)
     if weight.dim() != 2:
         raise ValueError(
             f"slimfit.linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"

@@ -22,15 +22,29 @@ adds this function's weight gradient to the embedding's.
 Reduction as transformers': the sum of the per-row losses divided by the number of non-ignored
 labels, or by `num_items_in_batch` when given. A batch whose labels are all ignored gives NaN (0/0)
 and zero gradients, as `F.cross_entropy` does. On the CPU, rows whose label is ignored are dropped
-before the head GEMM (exact: they contribute nothing); on other devices every row is computed, so
-the step never waits for the host to count them.
+before the head GEMM (exact: they contribute nothing) unless those rows, the weight or the bias hold
+a NaN/Inf; on other devices every row is computed, so the step never waits for the host to count them.
+
+NaN/Inf as PyTorch: a row of logits holding NaN or +Inf (or only -Inf) has a NaN log-softmax, so
+its loss and its gradients are NaN, also for a row whose label is ignored (its zero gradient is
+multiplied by NaN probabilities). torch.logsumexp gives ±Inf for such rows, which would leave finite
+gradient entries, so the row's logsumexp is made NaN; and an ignored row is dropped on the CPU only
+when it is finite (its gradients are then exactly zero, as PyTorch's).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ._common import autocast_dtype, backward_once, cast, check_float, check_same_dtype, no_autocast
+from ._common import (
+    autocast_dtype,
+    backward_once,
+    cast,
+    check_float,
+    check_same_device,
+    check_same_dtype,
+    no_autocast,
+)
 
 __all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS"]
 
@@ -44,6 +58,24 @@ def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Te
     probs = logits.sub_(lse.unsqueeze(1)).exp_()
     probs.scatter_add_(1, labels.unsqueeze(1), -valid.to(probs.dtype).unsqueeze(1))
     return probs.mul_(row_scale.unsqueeze(1))
+
+
+def _nan_if_inf(lse: torch.Tensor) -> torch.Tensor:
+    """logsumexp rows that are ±Inf (a +Inf logit, or every logit -Inf) become NaN, as PyTorch's
+    log_softmax makes the whole row (exp(inf - inf)); finite rows unchanged (lse + 0)."""
+    return lse + (lse - lse)
+
+
+def _ignored_rows_finite(x2: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """0-dim bool: whether the rows with an ignored label, the weight and the bias hold no NaN/Inf, i.e.
+    whether dropping those rows is exact (their logits finite, their gradients zero). Sums, one pass
+    each (isfinite().all() on a vocab-sized weight costs ~30x more); a sum that overflows a finite
+    tensor only keeps the rows, which is exact too."""
+    with torch.no_grad():  # a check, not part of the graph (nothing saved for backward)
+        probe = torch.where(valid, 0.0, x2.sum(dim=1, dtype=torch.float32)).sum() + weight.sum(dtype=torch.float32)
+        if bias is not None:
+            probe = probe + bias.sum(dtype=torch.float32)
+        return probe.isfinite()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -68,7 +100,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 end = min(start + chunk_rows, n)
                 xc = x[start:end].to(compute_dtype)
                 logits = F.linear(xc, w, b).float()  # fp32 upcast, as ForCausalLMLoss
-                lse = torch.logsumexp(logits, dim=1)
+                lse = _nan_if_inf(torch.logsumexp(logits, dim=1))
                 valid, safe = valid_all[start:end], safe_all[start:end]
                 target = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
                 total = total + torch.where(valid, lse - target, torch.zeros_like(lse)).sum()
@@ -140,6 +172,29 @@ def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
                          f"vocabulary) and is not ignore_index={ignore_index}")
 
 
+def _check_args(x, weight, bias, labels, num_items_in_batch, chunk_rows) -> None:
+    """Every argument checked before anything runs, each error naming the problem and the fix."""
+    check_float("linear_cross_entropy", "input", x)
+    check_float("linear_cross_entropy", "weight", weight)
+    check_float("linear_cross_entropy", "bias", bias)
+    check_same_device("linear_cross_entropy", input=x, weight=weight, bias=bias)
+    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"slimfit.linear_cross_entropy: input {tuple(x.shape)} and weight {tuple(weight.shape)} "
+                         "do not match: weight must be (vocab, hidden) with hidden = the input's last dimension")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"slimfit.linear_cross_entropy: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise TypeError("slimfit.linear_cross_entropy: labels must be an integer tensor of class indices")
+    if tuple(labels.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"slimfit.linear_cross_entropy: labels {tuple(labels.shape)} must have the input's "
+                         f"leading shape {tuple(x.shape[:-1])}")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    if torch.is_tensor(num_items_in_batch) and num_items_in_batch.numel() != 1:
+        raise ValueError("slimfit.linear_cross_entropy: num_items_in_batch must be one number (the count of "
+                         f"labelled tokens), got a tensor of shape {tuple(num_items_in_batch.shape)}")
+
+
 def linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -155,21 +210,7 @@ def linear_cross_entropy(
     keeping the logits: `chunk_rows` rows of logits at a time. Returns a 0-d fp32 tensor.
 
     x: (..., hidden); labels: integer tensor of x's leading shape (already shifted for a causal LM)."""
-    check_float("linear_cross_entropy", "input", x)
-    check_float("linear_cross_entropy", "weight", weight)
-    check_float("linear_cross_entropy", "bias", bias)
-    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"slimfit.linear_cross_entropy: input {tuple(x.shape)} and weight {tuple(weight.shape)} "
-                         "do not match: weight must be (vocab, hidden) with hidden = the input's last dimension")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"slimfit.linear_cross_entropy: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
-    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise TypeError("slimfit.linear_cross_entropy: labels must be an integer tensor of class indices")
-    if tuple(labels.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"slimfit.linear_cross_entropy: labels {tuple(labels.shape)} must have the input's "
-                         f"leading shape {tuple(x.shape[:-1])}")
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    _check_args(x, weight, bias, labels, num_items_in_batch, chunk_rows)
     compute_dtype = autocast_dtype(x.device.type)
     if compute_dtype is None:
         check_same_dtype("linear_cross_entropy", input=x, weight=weight, bias=bias)
@@ -182,11 +223,11 @@ def linear_cross_entropy(
     if num_items_in_batch is None:
         denominator = valid.sum().float()
     elif torch.is_tensor(num_items_in_batch):
-        denominator = num_items_in_batch.to(device=x.device, dtype=torch.float32)
+        denominator = num_items_in_batch.to(device=x.device, dtype=torch.float32).reshape(())
     else:
         denominator = torch.tensor(float(num_items_in_batch), device=x.device)
-    if x.device.type == "cpu" and not bool(valid.all()):
-        # Ignored rows contribute nothing: skip their GEMMs (index_select's backward scatters zeros back).
+    if x.device.type == "cpu" and not bool(valid.all()) and bool(_ignored_rows_finite(x2, valid, weight, bias)):
+        # Ignored finite rows contribute nothing: skip their GEMMs (index_select's backward scatters zeros back).
         keep = valid.nonzero().squeeze(1)
         x2, labels = x2.index_select(0, keep), labels.index_select(0, keep)
     return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, ignore_index, chunk_rows,

@@ -13,8 +13,10 @@ from ._common import (
     autocast_dtype,
     backward_once,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
+    check_same_device,
     check_same_dtype,
     compress_quantize,
     load,
@@ -83,6 +85,8 @@ def matmul(
     check_bits("matmul", "a_bits", a_bits, allow_none=True)
     check_bits("matmul", "b_bits", b_bits, allow_none=True)
     check_group_size("matmul", group_size)
+    check_flag("matmul", stochastic=stochastic, check_finite=check_finite)
+    check_same_device("matmul", a=a, b=b)
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError(
             f"slimfit.matmul: both operands need at least 2 dimensions, got {tuple(a.shape)} and {tuple(b.shape)}"

@@ -13,19 +13,27 @@ so backward needs x_hat and rstd only (the LayerNorm formula without the mean te
 as in `layer_norm`: 'int8' (8-bit codes per group), 'topk' (the keep_ratio largest-magnitude
 entries of each row, values in the input dtype) or 'full' (x_hat.to(x.dtype), the tensor the HF
 module itself keeps for the weight gradient), plus rstd in fp32 (4 bytes per row).
+NaN/Inf stay visible as in PyTorch's gradients: as in `layer_norm`, a top-k row that may have dropped
+non-finite entries (a row of NaN, or more ±Inf inputs than k) makes every entry of dw NaN.
 """
 from __future__ import annotations
 
 import torch
 
+from ..kernels.api import PrunedTensor
 from ._common import (
     NORM_SAVES,
     backward_once,
+    check_eps,
+    check_flag,
     check_float,
     check_group_size,
+    check_keep_ratio,
+    check_same_device,
     compress_quantize,
     compress_topk,
     load,
+    lost_nonfinite,
     no_autocast,
     restore,
     save,
@@ -100,7 +108,10 @@ class _RMSNorm(torch.autograd.Function):
                 dx = dx.mul_(rstd)
                 grad_x = (dx if flat else dx.view(ctx.x_shape)).to(ctx.x_dtype)
             if need_w:
-                grad_w = (g * xhat).sum(tuple(range(g.dim() - 1))).to(ctx.w_dtype)
+                grad_w = (g * xhat).sum(tuple(range(g.dim() - 1)))
+                if isinstance(saved, PrunedTensor):  # non-finite entries top-k dropped reach dw
+                    grad_w = grad_w + lost_nonfinite(saved).sum()
+                grad_w = grad_w.to(ctx.w_dtype)
         return grad_x, grad_w, None, None, None, None, None, None
 
 
@@ -121,11 +132,13 @@ def rms_norm(
     weight and x dtypes, as in the HF module."""
     check_float("rms_norm", "input", x)
     check_float("rms_norm", "weight", weight)
+    check_same_device("rms_norm", input=x, weight=weight)
     if save not in _MODES:
         raise ValueError(f"slimfit.rms_norm: save must be one of {_MODES}, got {save!r}")
-    if save == "topk" and not (0.0 < keep_ratio <= 1.0):
-        raise ValueError(f"slimfit.rms_norm: keep_ratio must be in (0, 1], got {keep_ratio}")
+    check_keep_ratio("rms_norm", keep_ratio)
     check_group_size("rms_norm", group_size)
+    check_eps("rms_norm", eps)
+    check_flag("rms_norm", stochastic=stochastic, check_finite=check_finite)
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"slimfit.rms_norm: input must have a non-empty last dimension, got {tuple(x.shape)}")
     if weight is not None and tuple(weight.shape) != (x.shape[-1],):

@@ -31,8 +31,10 @@ from ._common import (
     backward_once,
     cast,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
+    check_same_device,
     check_same_dtype,
     compress_quantize,
     load,
@@ -118,6 +120,41 @@ class _SampledLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None
 
 
+def _check(x, weight, bias, ratio, k_min, sampler, input_bits, group_size, stochastic, check_finite,
+           generator_seed, norm_cache, sample_ids) -> None:
+    """Every argument of `sampled_linear` checked before anything runs, each error naming the problem."""
+    op = "sampled_linear"
+    check_float(op, "input", x)
+    check_float(op, "weight", weight)
+    check_float(op, "bias", bias)
+    check_ratio(op, ratio, k_min)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"slimfit.{op}: sampler must be one of {SAMPLERS}, got {sampler!r}")
+    check_bits(op, "input_bits", input_bits, allow_none=True)
+    check_group_size(op, group_size)
+    check_flag(op, stochastic=stochastic, check_finite=check_finite)
+    check_same_device(op, input=x, weight=weight, bias=bias)
+    if generator_seed is not None:
+        if isinstance(generator_seed, bool) or not isinstance(generator_seed, int):
+            raise TypeError(f"slimfit.{op}: generator_seed must be an int or None, got {generator_seed!r}")
+        check_seed(generator_seed, op)
+    if norm_cache is not None and not isinstance(norm_cache, NormCache):
+        raise TypeError(f"slimfit.{op}: norm_cache must be a slimfit NormCache, got {type(norm_cache).__name__}")
+    if sample_ids is not None and norm_cache is None:
+        raise ValueError(f"slimfit.{op}: sample_ids need a norm_cache (the layer's store of stale gradient norms)")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"slimfit.{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"slimfit.{op}: mismatched shapes: input {tuple(x.shape)} has last dimension "
+            f"{x.shape[-1] if x.dim() else None}, weight {tuple(weight.shape)} expects in_features={weight.shape[1]}"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"slimfit.{op}: mismatched shapes: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+
+
 def sampled_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -147,33 +184,8 @@ def sampled_linear(
     generator_seed: seed of the row draws (default: a side seed read from torch's default generator).
     """
     op = "sampled_linear"
-    check_float(op, "input", x)
-    check_float(op, "weight", weight)
-    check_float(op, "bias", bias)
-    check_ratio(op, ratio, k_min)
-    if sampler not in SAMPLERS:
-        raise ValueError(f"slimfit.{op}: sampler must be one of {SAMPLERS}, got {sampler!r}")
-    check_bits(op, "input_bits", input_bits, allow_none=True)
-    check_group_size(op, group_size)
-    if generator_seed is not None:
-        if isinstance(generator_seed, bool) or not isinstance(generator_seed, int):
-            raise TypeError(f"slimfit.{op}: generator_seed must be an int or None, got {generator_seed!r}")
-        check_seed(generator_seed, op)
-    if norm_cache is not None and not isinstance(norm_cache, NormCache):
-        raise TypeError(f"slimfit.{op}: norm_cache must be a slimfit NormCache, got {type(norm_cache).__name__}")
-    if sample_ids is not None and norm_cache is None:
-        raise ValueError(f"slimfit.{op}: sample_ids need a norm_cache (the layer's store of stale gradient norms)")
-    if weight.dim() != 2:
-        raise ValueError(
-            f"slimfit.{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
-        )
-    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"slimfit.{op}: mismatched shapes: input {tuple(x.shape)} has last dimension "
-            f"{x.shape[-1] if x.dim() else None}, weight {tuple(weight.shape)} expects in_features={weight.shape[1]}"
-        )
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"slimfit.{op}: mismatched shapes: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+    _check(x, weight, bias, ratio, k_min, sampler, input_bits, group_size, stochastic, check_finite,
+           generator_seed, norm_cache, sample_ids)
     batch = x.shape[0] if x.dim() >= 2 else 1
     ids = as_sample_ids(sample_ids, batch, op) if sample_ids is not None else None
 

@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from ._common import (
     backward_once,
     check_bits,
+    check_flag,
     check_float,
     check_group_size,
+    check_same_device,
     compress_quantize,
     load,
     no_autocast,
@@ -96,6 +98,7 @@ def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: b
     check_float("silu", "input", x)
     check_bits("silu", "bits", bits)
     check_group_size("silu", group_size)
+    check_flag("silu", stochastic=stochastic, check_finite=check_finite)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return F.silu(x)
     return _SiLU.apply(x, bits, group_size, bool(stochastic), bool(check_finite))
@@ -122,6 +125,8 @@ def swiglu(
     check_bits("swiglu", "bits", bits)
     check_bits("swiglu", "up_bits", up_bits)
     check_group_size("swiglu", group_size)
+    check_flag("swiglu", stochastic=stochastic, check_finite=check_finite)
+    check_same_device("swiglu", gate=gate, up=up)
     if tuple(gate.shape) != tuple(up.shape):
         raise ValueError(
             f"slimfit.swiglu: mismatched shapes: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be equal"

@@ -35,6 +35,20 @@ def bert_like_hidden(batch: int = 2, seq: int = 128, hidden: int = HIDDEN, seed:
     return F.layer_norm(e, (hidden,), w, b)
 
 
+def nonfinite_missed(got, ref) -> list[str]:
+    """Where PyTorch's gradient (ref) is NaN/Inf and slimfit's (got) is finite, per gradient (issue #30:
+    a NaN where PyTorch has Inf is fine, a finite value where PyTorch is non-finite is not: AMP's
+    GradScaler would not see the overflow). Empty when every non-finite entry stayed visible."""
+    out = []
+    for i, (a, r) in enumerate(zip(got, ref)):
+        assert a.shape == r.shape, (i, a.shape, r.shape)
+        missed = (~torch.isfinite(r)) & torch.isfinite(a)
+        if missed.any():
+            out.append(f"gradient {i}: {int(missed.sum())} of {int((~torch.isfinite(r)).sum())} "
+                       "non-finite entries came back finite")
+    return out
+
+
 def q_bytes(numel: int, bits: int, group_size: int = 128) -> int:
     """Bytes of a per-group quantized tensor: packed codes + fp32 scale and offset per group."""
     return math.ceil(numel * bits / 8) + 8 * math.ceil(numel / group_size)

@@ -232,6 +232,72 @@ def test_fully_masked_rows(probs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+# ------------------------------------------------------------------ NaN / Inf stay visible (issue #30)
+
+def _nonfinite_case(where, value, mask_kind):
+    """Q, K, V, the upstream gradient and the mask of a small attention with one non-finite entry at
+    position 5 of head 1 (in the query, the key, the value or the gradient)."""
+    q, k, v = make_qkv(b=1, h=2, sq=12, d=8)
+    g = torch.randn(1, 2, 12, 8, generator=torch.Generator().manual_seed(1))
+    {"q": q, "k": k, "v": v, "grad": g}[where][0, 1, 5, 3] = value
+    kw = {}
+    if mask_kind == "causal":  # key 5 is a future key of rows 0-4
+        kw["is_causal"] = True
+    elif mask_kind is not None:  # key 5 masked for some rows; "dead": query row 5 sees no key at all
+        keep = torch.rand(12, 12, generator=torch.Generator().manual_seed(2)) > 0.3
+        keep[:, 0] = keep[:, 5] = True
+        keep[[0, 2, 7], 5] = False
+        if mask_kind == "dead":
+            keep[5] = False
+        kw["attn_mask"] = keep
+    return q, k, v, g, kw
+
+
+def _grads_of(fn, q, k, v, g, **kw):
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(fn(qq, kk, vv, **kw), [qq, kk, vv], g)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: intra-op threads only wait at barriers on a loaded machine (as _grad_utils)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("probs, qkv_bits", [("topk", 8), ("int8", 8), ("int4", 8), ("recompute", 8),
+                                             ("full", None), ("topk", None)])
+@pytest.mark.parametrize("where", ["q", "k", "v", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("mask_kind", [None, "bool", "causal", "dead"])
+def test_nonfinite_reaches_every_gradient(probs, qkv_bits, where, value, mask_kind):
+    """Wherever SDPA's (math backend) dQ, dK, dV are NaN/Inf, slimfit's are too. Two ways they were lost:
+    top-k P kept k of a NaN row's entries, so the dropped columns of dV came back finite; and a bool or
+    causal mask overwrote a NaN score at a masked position with -inf (PyTorch adds the mask: NaN stays),
+    hiding the NaN from the row's output and gradients (a fully masked row even gave zeros)."""
+    q, k, v, g, kw = _nonfinite_case(where, value, mask_kind)
+    ref = _grads_of(sdpa_math, q, k, v, g, **kw)
+    got = _grads_of(lambda *a, **m: attention(*a, probs=probs, qkv_bits=qkv_bits, **m), q, k, v, g, **kw)
+    missed = [f"d{n}: {int(((~torch.isfinite(r)) & torch.isfinite(a)).sum())} of {int((~torch.isfinite(r)).sum())}"
+              for n, a, r in zip("qkv", got, ref) if ((~torch.isfinite(r)) & torch.isfinite(a)).any()]
+    assert not missed
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("mask_kind", ["bool", "causal", "dead"])
+def test_nonfinite_score_at_a_masked_position_stays_in_the_output(mask_kind):
+    """The forward too: a NaN query or key behind the mask gives the NaN output rows SDPA's math backend
+    gives (scores + mask, as it converts a bool or causal mask), finite rows unchanged."""
+    q, k, v, _, kw = _nonfinite_case("k" if mask_kind != "dead" else "q", float("nan"), mask_kind)
+    ref = sdpa_math(q, k, v, **kw)
+    out = attention(q, k, v, probs="full", qkv_bits=None, **kw)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(ref).any()
+    torch.testing.assert_close(out.nan_to_num(), ref.nan_to_num(), rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ dropout
 
 def reference_dropout_attention(q, k, v, p, seed, mode):
@@ -480,6 +546,8 @@ def test_errors_name_the_problem():
         attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"\(\.\.\., seq, head_dim\)"):
         attention(q[0, 0, 0], k, v)
+    with pytest.raises(TypeError, match="training must be True or False"):
+        attention(q, k, v, training="no")
 
 
 def test_double_backward_raises():

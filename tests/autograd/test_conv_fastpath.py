@@ -95,6 +95,8 @@ def test_unbatched_input_and_errors():
         conv(torch.randn(2, 3), torch.randn(3, 3), None)
     with pytest.raises(TypeError, match="mismatched dtypes"):
         conv(torch.randn(1, 3, 8, 8, requires_grad=True), w.bfloat16(), None)
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        conv(torch.randn(1, 3, 8, 8, requires_grad=True), w.to("meta"), None)
     with pytest.raises(RuntimeError, match="slimfit.conv: double backward"):
         x = torch.randn(1, 3, 8, 8, requires_grad=True)
         torch.autograd.grad(conv(x, w, b).sum(), x, create_graph=True)

@@ -107,6 +107,8 @@ def test_errors_name_the_problem():
         dropout(x, 1.5)
     with pytest.raises(ValueError, match="mode must be"):
         dropout(x, 0.1, mode="mask")
+    with pytest.raises(TypeError, match="training must be True or False"):  # "no" is truthy: dropout on
+        dropout(x, 0.1, training="no")
     with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
         dropout(x.double(), 0.1)
     with pytest.raises(RuntimeError, match="slimfit.dropout: double backward"):

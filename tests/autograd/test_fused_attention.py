@@ -295,6 +295,15 @@ def test_bad_arguments():
         fused_attention(q, k, v, attn_mask=torch.ones(64, 64, dtype=torch.bool), is_causal=True)
     with pytest.raises(ValueError, match="group_size"):
         fused_attention(q, k, v, group_size=100)
+    # named as what they are, not as "no fused kernel takes these inputs ... use attention"
+    with pytest.raises(TypeError, match="mismatched dtypes .*cast them to one dtype"):
+        fused_attention(q, k.half(), v)
+    with pytest.raises(ValueError, match="different devices .*k on meta.*move them to one device"):
+        fused_attention(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match="does not broadcast to the score shape"):
+        fused_attention(q, k, v, attn_mask=torch.ones(3, 64, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        fused_attention(q, k, v, attn_mask=torch.ones(64, 64, dtype=torch.int64))
 
 
 def test_double_backward_raises():
@@ -345,3 +354,22 @@ def test_expand_and_reduce_kv_groups():
     assert torch.equal(e, k.repeat_interleave(3, 1))  # query head j reads kv head j // 3
     assert torch.allclose(_reduce_groups(e, 2), 3 * k)
     assert _reduce_groups(k, 2) is k
+
+
+@pytest.mark.parametrize("backward", BACKWARD_MODES)
+@pytest.mark.parametrize("into", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("mask", [None, "bool", "causal"])
+def test_nonfinite_reaches_every_gradient(backward, into, value, mask):
+    """Guard (issue #30): wherever SDPA's fused gradients are NaN/Inf, slimfit's are too (a non-finite
+    group of the 8-bit Q/K/V dequantizes to non-finite values, which the fused backward propagates)."""
+    q, k, v = make_qkv(b=1, hq=2, hk=1, sq=16, d=16)
+    {"q": q, "k": k, "v": v}[into][0, 0, 5, 3] = value
+    kw = {"is_causal": True} if mask == "causal" else {}
+    if mask == "bool":
+        kw["attn_mask"] = torch.rand(16, 16, generator=torch.Generator().manual_seed(2)) > 0.3
+        kw["attn_mask"][:, 0] = True
+    _, ref = run(sdpa, q, k, v, **kw)
+    _, got = run(lambda *a, **m: fused_attention(*a, backward=backward, **m), q, k, v, **kw)
+    for a, r in zip(got, ref):
+        assert not ((~torch.isfinite(r)) & torch.isfinite(a)).any()

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     bert_like_hidden,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     rel_err,
     saved,
@@ -150,7 +151,26 @@ def test_errors_name_the_problem():
         gelu(x, bits=3)
     with pytest.raises(ValueError, match="approximate"):
         gelu(x, approximate="erf")
+    with pytest.raises(ValueError, match="slimfit.gelu: bits must be one of"):  # 8.0: not slimfit.quantize's
+        gelu(x, bits=8.0)
+    with pytest.raises(TypeError, match="stochastic must be True or False"):
+        gelu(x, stochastic=1)
     with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
         gelu(x.double())
     with pytest.raises(RuntimeError, match="slimfit.gelu: double backward"):
         torch.autograd.grad(gelu(x).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("into", ["input", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_reaches_the_gradient(approximate, into, value):
+    """Guard (issue #30): wherever F.gelu's gradient is NaN/Inf, slimfit's is too (a group holding a
+    non-finite input dequantizes to non-finite values; a non-finite upstream gradient passes through)."""
+    x0, g = torch.randn(4, 200, generator=torch.Generator().manual_seed(0)), torch.randn(4, 200)
+    (x0 if into == "input" else g)[1, 7] = value
+    grads = []
+    for fn in (lambda x: F.gelu(x, approximate=approximate), lambda x: gelu(x, bits=4, approximate=approximate)):
+        x = x0.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(x), x, g))
+    assert not nonfinite_missed(grads[1], grads[0])

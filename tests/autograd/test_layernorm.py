@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     OUTLIER_CHANNELS,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     quant_rel_err_theory,
     rel_err,
@@ -274,3 +275,89 @@ def test_every_subset_of_inputs_needing_grad(save, needs):
             assert rel_err(a.grad, r.grad) < 1e-2, (name, rel_err(a.grad, r.grad))
         else:
             assert a.grad is None
+
+
+# ------------------------------------------------------------------ NaN / Inf stay visible (issue #30)
+NAN, INF = float("nan"), float("inf")
+
+
+def _inject(t, where):
+    """A non-finite pattern in row 1 of t viewed as (rows, D)."""
+    v = t.view(-1, t.shape[-1])
+    kind, value = where
+    if kind == "one":
+        v[1, 3] = value
+    elif kind == "many":  # more non-finite entries than top-k keeps (k = 2 of 16)
+        v[1, [0, 5, 9]] = value
+    elif kind == "row":
+        v[1] = value
+    elif kind == "mixed":
+        v[1, 2], v[1, 4] = INF, -INF
+
+
+PATTERNS = [("one", NAN), ("one", INF), ("one", -INF), ("many", INF), ("row", NAN), ("mixed", None)]
+TRAINS = [(True, True), (False, True), (True, False), (False, False)]  # (weight, bias) require grad
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trains", TRAINS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("into", ["input", "grad"])
+def test_nonfinite_reaches_every_gradient(mode, dtype, trains, pattern, into):
+    """Wherever F.layer_norm's gradients (input, weight, bias) are NaN/Inf, slimfit's are too, in every
+    mode, trainable or frozen affine. The reporter's case: top-k, a NaN input row of 16 (PyTorch's dw: 16
+    non-finite entries; top-k kept 2 of the row's NaN and dw had 2)."""
+    gen = torch.Generator().manual_seed(0)
+    x0, g = (torch.randn(4, 16, generator=gen).to(dtype) for _ in range(2))
+    _inject(x0 if into == "input" else g, pattern)
+    w0, b0 = (torch.rand(16, generator=gen) + 0.5).to(dtype), torch.randn(16, generator=gen).to(dtype)
+    grads = []
+    for fn in (F.layer_norm, lambda *a: layer_norm(*a, save=mode)):
+        x = x0.clone().requires_grad_()
+        w, b = w0.clone().requires_grad_(trains[0]), b0.clone().requires_grad_(trains[1])
+        grads.append(_grads(fn(x, (16,), w, b), [x, w, b], g))
+    assert not nonfinite_missed(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nonfinite_row_statistic_without_eps(mode):
+    """eps = 0 and a constant row: rstd is Inf and PyTorch's x̂ row is NaN (0 · Inf); so is every entry
+    of its dw. A strided upstream gradient takes the (rows, d) path of backward."""
+    x0 = torch.randn(3, 5, 40)
+    x0[1, 2] = 2.0
+    g = torch.randn(5, 3, 40).transpose(0, 1)
+    grads = []
+    for fn in (F.layer_norm, lambda *a: layer_norm(*a, save=mode)):
+        x, w, b = x0.clone().requires_grad_(), torch.ones(40, requires_grad=True), torch.zeros(40, requires_grad=True)
+        grads.append(_grads(fn(x, (40,), w, b, 0.0), [x, w, b], g))
+    assert (~torch.isfinite(grads[0][1])).all()  # the check below can fail
+    assert not nonfinite_missed(grads[1], grads[0])
+
+
+def test_argument_errors_name_the_problem_and_the_fix():
+    """Values that silently gave a wrong result (NaN rows from eps, rounding switched on by a truthy
+    string, a float size truncated), or failed deep in a kernel or in backward, are refused up front."""
+    x = torch.randn(4, 64, requires_grad=True)
+    w, b = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
+    for eps in (float("nan"), -1e-5, "1e-5"):
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            layer_norm(x, 64, w, b, eps=eps)
+    for ratio in (float("nan"), "0.1"):  # checked whatever save is: a frozen weight switches to top-k
+        with pytest.raises(ValueError, match="keep_ratio must be a number in"):
+            layer_norm(x, 64, w, b, save="int8", keep_ratio=ratio)
+    with pytest.raises(TypeError, match="stochastic must be True or False"):
+        layer_norm(x, 64, w, b, stochastic="no")
+    with pytest.raises(TypeError, match="normalized_shape must be ints"):
+        layer_norm(x, (64.5,), w, b)
+    with pytest.raises(TypeError, match="mismatched dtypes .*weight=torch.float16.*give weight and bias"):
+        layer_norm(x, 64, w.half(), b)
+    with pytest.raises(TypeError, match="mismatched dtypes .*bias=torch.bfloat16"):
+        layer_norm(x, 64, w, b.bfloat16())
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        layer_norm(x, 64, torch.ones(64, device="meta", requires_grad=True), None)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        layer_norm(x, 64, w, b, group_size=128.0)
+    # what PyTorch's mixed-type kernel accepts is computed: a half input with fp32 weight and bias
+    xh = x.detach().bfloat16().requires_grad_()
+    assert torch.equal(layer_norm(xh, 64, w, b), F.layer_norm(xh, (64,), w, b))

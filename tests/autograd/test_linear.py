@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     bert_like_hidden,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     quant_rel_err_theory,
     rel_err,
@@ -181,7 +182,7 @@ def test_frozen_weight_and_input_not_requiring_grad_saves_nothing():
     x = torch.randn(4, IN)
     w = _param(OUT, IN, trainable=False)
     b = _param(OUT)
-    run = measure(lambda x: linear(x, w, b), x)
+    run = measure(lambda x: linear(x, w, b), x, loss_fn=lambda out: out.sum())
     assert run.total == 0 and b.grad is None  # measure computes and drops the gradients (no .grad left)
 
 
@@ -290,6 +291,12 @@ def test_errors_name_the_problem():
         linear(torch.randn(2, IN), w, input_bits=8, group_size=100)
     with pytest.raises(TypeError, match="mismatched dtypes"):
         linear(torch.randn(2, IN, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="slimfit.linear: input_bits must be one of"):  # not slimfit.quantize's
+        linear(torch.randn(2, IN), w, input_bits=8.0)
+    with pytest.raises(TypeError, match="stochastic must be True or False"):  # "no" is truthy: rounding on
+        linear(torch.randn(2, IN), w, input_bits=8, stochastic="no")
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        linear(torch.randn(2, IN), torch.randn(OUT, IN, device="meta", requires_grad=True))
     x = torch.randn(2, IN, requires_grad=True)
     (gx,) = torch.autograd.grad(F.linear(x, w).sum(), x, create_graph=True)  # PyTorch allows it
     with pytest.raises(RuntimeError, match="slimfit.linear: double backward"):
@@ -316,3 +323,19 @@ def test_composes_with_gelu_in_an_mlp():
     g = torch.randn_like(y)
     got, ref = _grads(y, [x, w2], g), _grads(y_ref, [x, w2], g)
     assert rel_err(got[0], ref[0]) < 1e-2 and rel_err(got[1], ref[1]) < 1e-2
+
+
+@pytest.mark.parametrize("bits", [None, 8, 4])
+@pytest.mark.parametrize("into", ["input", "weight", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_reaches_every_gradient(bits, into, value):
+    """Guard (issue #30): wherever F.linear's gradients are NaN/Inf, slimfit's are too (a non-finite
+    group of the quantized input dequantizes to non-finite values)."""
+    gen = torch.Generator().manual_seed(0)
+    x0, w0, g = (torch.randn(*shape, generator=gen) for shape in ((6, IN), (OUT, IN), (6, OUT)))
+    {"input": x0, "weight": w0, "grad": g}[into][2, 3] = value
+    grads = []
+    for fn in (F.linear, lambda x, w, b: linear(x, w, b, input_bits=bits)):
+        x, w, b = x0.clone().requires_grad_(), w0.clone().requires_grad_(), torch.zeros(OUT, requires_grad=True)
+        grads.append(torch.autograd.grad(fn(x, w, b), [x, w, b], g))
+    assert not nonfinite_missed(grads[1], grads[0])

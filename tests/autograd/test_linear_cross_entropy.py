@@ -4,7 +4,7 @@ without logits recomputation nor weight-gradient GEMM."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _grad_utils import rel_err, single_thread  # noqa: F401  (single_thread: autouse fixture)
+from _grad_utils import nonfinite_missed, rel_err, single_thread  # noqa: F401  (single_thread: autouse)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from slimfit.autograd.linear_cross_entropy import causal_lm_loss, linear_cross_entropy
@@ -118,6 +118,33 @@ def test_all_ignored_labels_give_nan_loss_and_zero_gradients_like_hf(frozen_head
         assert torch.equal(a, torch.zeros_like(a)) and torch.equal(r, torch.zeros_like(r))
 
 
+@pytest.mark.parametrize("where", ["ignored_row", "labelled_row", "weight", "bias", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("trainable", ["all", "head_frozen", "input_frozen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nonfinite_reaches_every_gradient_as_in_hf(where, value, trainable, dtype):
+    """Wherever ForCausalLMLoss(lm_head(hidden))'s gradients are NaN/Inf, slimfit's are too (issue #30).
+    Lost before: a row of logits holding +Inf or only -Inf has a NaN log-softmax in PyTorch, while
+    torch.logsumexp gives ±Inf and left finite gradient entries; and on the CPU a row whose label is
+    ignored was dropped before the head GEMM even when it, the weight or the bias held a NaN/Inf
+    (PyTorch's gradient there is 0 · NaN: its dx row and every entry of dW are NaN)."""
+    hidden, weight, b, labels = _setup()
+    hidden, weight, b = (t.detach().to(dtype) for t in (hidden, weight, b))
+    grad_loss = torch.tensor(value if where == "grad" else 1.5)
+    if where == "ignored_row":  # labels[0, :5] are ignored; position 3 predicts labels[0, 4]
+        hidden[0, 3, 7] = value
+    elif where == "labelled_row":
+        hidden[1, 6, 7] = value
+    elif where in ("weight", "bias"):
+        (weight[11] if where == "weight" else b)[2] = value
+    grads = []
+    for fn in (lambda h, w, c: hf_loss(F.linear(h, w, c), labels, V), lambda h, w, c: causal_lm_loss(h, w, c, labels)):
+        h = hidden.clone().requires_grad_(trainable != "input_frozen")
+        w, c = (t.clone().requires_grad_(trainable != "head_frozen") for t in (weight, b))
+        grads.append(torch.autograd.grad(fn(h, w, c), [t for t in (h, w, c) if t.requires_grad], grad_loss))
+    assert not nonfinite_missed(grads[1], grads[0])
+
+
 def test_bf16_autocast_error_within_twice_pytorchs_own():
     hidden, weight, b, labels = _setup()
     exact = hf_loss(F.linear(hidden, weight, b), labels, V)
@@ -201,6 +228,10 @@ def test_bad_arguments_are_named():
         linear_cross_entropy(hidden[..., :-1], weight, b, labels)
     with pytest.raises(ValueError, match="chunk_rows"):
         linear_cross_entropy(hidden, weight, b, labels, chunk_rows=0)
+    with pytest.raises(ValueError, match="num_items_in_batch must be one number"):
+        linear_cross_entropy(hidden, weight, b, labels, num_items_in_batch=torch.tensor([3, 4]))
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        linear_cross_entropy(hidden, weight.detach().to("meta"), None, labels)
     with pytest.raises(RuntimeError, match="double backward"):
         loss = linear_cross_entropy(hidden, weight, b, labels)
         (g,) = torch.autograd.grad(loss, hidden, create_graph=True)

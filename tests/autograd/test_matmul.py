@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     bert_like_hidden,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     quant_rel_err_theory,
     rel_err,
@@ -181,7 +182,24 @@ def test_errors_name_the_problem():
         matmul(a, torch.randn(8, 3), a_bits=3)
     with pytest.raises(TypeError, match="mismatched dtypes"):
         matmul(a, torch.randn(8, 3, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="different devices .*b on meta.*move them to one device"):
+        matmul(a, torch.randn(8, 3, device="meta"))
     with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
         matmul(a.double(), torch.randn(8, 3, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="slimfit.matmul: double backward"):
         torch.autograd.grad(matmul(a, torch.randn(8, 3)).sum(), a, create_graph=True)
+
+
+@pytest.mark.parametrize("into", ["a", "b", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("bits", [None, 8, 4])
+def test_nonfinite_reaches_every_gradient(into, value, bits):
+    """Guard (issue #30): wherever torch.matmul's gradients are NaN/Inf, slimfit's are too."""
+    gen = torch.Generator().manual_seed(0)
+    a0, b0, g = torch.randn(2, 16, 64, generator=gen), torch.randn(2, 64, 24, generator=gen), torch.randn(2, 16, 24)
+    {"a": a0, "b": b0, "grad": g}[into][1, 5, 7] = value
+    grads = []
+    for fn in (torch.matmul, lambda a, b: matmul(a, b, a_bits=bits, b_bits=bits)):
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(a, b), [a, b], g))
+    assert not nonfinite_missed(grads[1], grads[0])

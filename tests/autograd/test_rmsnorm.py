@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     OUTLIER_CHANNELS,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     quant_rel_err_theory,
     rel_err,
@@ -185,3 +186,51 @@ def test_errors_name_the_problem():
         rms_norm(x.double(), w.double())
     with pytest.raises(RuntimeError, match="slimfit.rms_norm: double backward"):
         torch.autograd.grad(rms_norm(x, w).sum(), x, create_graph=True)
+
+
+# ------------------------------------------------------------------ NaN / Inf stay visible (issue #30)
+NAN, INF = float("nan"), float("inf")
+
+
+def _hf_formula(x, weight, eps):
+    """LlamaRMSNorm's forward as a function (autograd gives PyTorch's gradients)."""
+    h = x.to(torch.float32)
+    y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else weight * y
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight", ["trainable", "frozen", None])
+@pytest.mark.parametrize("pattern", [("one", NAN), ("one", INF), ("many", INF), ("many", -INF), ("row", NAN)])
+@pytest.mark.parametrize("into", ["input", "grad"])
+def test_nonfinite_reaches_every_gradient(mode, dtype, weight, pattern, into):
+    """Wherever the HF formula's gradients are NaN/Inf, slimfit's are too, in every mode. An Inf input
+    makes rstd 0 (finite) and x̂ NaN at the Inf entries only: with more of them than top-k keeps (3 > k = 2)
+    the dropped ones must still reach dw; a NaN makes the whole row NaN (top-k keeps 2 of 16)."""
+    gen = torch.Generator().manual_seed(0)
+    x0, g = (torch.randn(4, 16, generator=gen).to(dtype) for _ in range(2))
+    v = (x0 if into == "input" else g).view(-1, 16)
+    kind, value = pattern
+    v[1, {"one": [3], "many": [0, 5, 9], "row": slice(None)}[kind]] = value
+    w0 = (torch.rand(16, generator=gen) + 0.5).to(dtype)
+    grads = []
+    for fn in (_hf_formula, lambda x, w, eps: rms_norm(x, w, eps, save=mode)):
+        x = x0.clone().requires_grad_()
+        w = None if weight is None else w0.clone().requires_grad_(weight == "trainable")
+        grads.append(_grads(fn(x, w, 1e-6), [x] + ([] if w is None else [w]), g))
+    assert not nonfinite_missed(grads[1], grads[0])
+
+
+def test_argument_errors_name_the_problem_and_the_fix():
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.ones(8, requires_grad=True)
+    for eps in (float("nan"), -1e-6, None):
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            rms_norm(x, w, eps=eps)
+    with pytest.raises(ValueError, match="keep_ratio must be a number in"):
+        rms_norm(x, w, save="int8", keep_ratio=float("nan"))
+    with pytest.raises(TypeError, match="check_finite must be True or False"):
+        rms_norm(x, w, check_finite="yes")
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        rms_norm(x, torch.ones(8, device="meta", requires_grad=True))

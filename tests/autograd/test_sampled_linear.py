@@ -362,7 +362,7 @@ def test_bytes_saved_autocast_and_no_input_grad():
         assert saved(lambda x: sampled_linear(x, w), x) == k * IN * 2 + 8 * k
     reached = []  # measure runs backward (the weight gradient is computed, then dropped)
     w.register_hook(lambda g: reached.append(g.shape))
-    run = measure(lambda x: sampled_linear(x, w), x)
+    run = measure(lambda x: sampled_linear(x, w), x, loss_fn=lambda out: out.sum())
     assert run.total == k * IN * 4 + 8 * k and reached == [w.shape] and w.grad is None
 
 
@@ -475,6 +475,10 @@ def test_argument_errors():
         sampled_linear(x, w, sampler="topk")
     with pytest.raises(ValueError, match="input_bits must be one of"):
         sampled_linear(x, w, input_bits=3)
+    with pytest.raises(ValueError, match="different devices .*weight on meta.*move them to one device"):
+        sampled_linear(x, torch.randn(OUT, IN, device="meta", requires_grad=True))
+    with pytest.raises(TypeError, match="stochastic must be True or False"):
+        sampled_linear(x, w, input_bits=8, stochastic="no")
     with pytest.raises(ValueError, match="sample_ids need a norm_cache"):
         sampled_linear(x, w, sample_ids=[0, 1])
     with pytest.raises(ValueError, match="got 3 sample_ids for a batch of 2"):

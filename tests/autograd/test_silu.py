@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     bert_like_hidden,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     rel_err,
     saved,
@@ -115,7 +116,22 @@ def test_no_grad_empty_and_errors():
         silu(x, bits=3)
     with pytest.raises(ValueError, match="group_size"):
         silu(x, group_size=100)
+    with pytest.raises(TypeError, match="check_finite must be True or False"):
+        silu(x, check_finite="no")
     with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
         silu(x.double())
     with pytest.raises(RuntimeError, match="slimfit.silu: double backward"):
         torch.autograd.grad(silu(x).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("into", ["input", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_reaches_the_gradient(into, value):
+    """Guard (issue #30): wherever F.silu's gradient is NaN/Inf, slimfit's is too."""
+    x0, g = torch.randn(4, 200, generator=torch.Generator().manual_seed(0)), torch.randn(4, 200)
+    (x0 if into == "input" else g)[1, 7] = value
+    grads = []
+    for fn in (F.silu, lambda x: silu(x, bits=4)):
+        x = x0.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(x), x, g))
+    assert not nonfinite_missed(grads[1], grads[0])

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from _grad_utils import (  # noqa: F401  (single_thread: autouse fixture)
     bert_like_hidden,
     cos_sim,
+    nonfinite_missed,
     q_bytes,
     rel_err,
     saved,
@@ -122,9 +123,28 @@ def test_errors_and_no_grad():
         swiglu(gate, up[:, :4])
     with pytest.raises(ValueError, match="up_bits must be one of"):
         swiglu(gate, up, up_bits=3)
+    with pytest.raises(ValueError, match="different devices .*up on meta.*move them to one device"):
+        swiglu(gate, torch.randn(4, 8, device="meta", requires_grad=True))
+    with pytest.raises(TypeError, match="stochastic must be True or False"):
+        swiglu(gate, up, stochastic="no")
     with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
         swiglu(gate.double(), up.double())
     with pytest.raises(RuntimeError, match="slimfit.swiglu: double backward"):
         torch.autograd.grad(swiglu(gate, up).sum(), gate, create_graph=True)
     with torch.no_grad():
         assert swiglu(gate, up).grad_fn is None
+
+
+@pytest.mark.parametrize("into", ["gate", "up", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("needs", [(True, True), (True, False), (False, True)])
+def test_nonfinite_reaches_every_gradient(into, value, needs):
+    """Guard (issue #30): wherever the gradients of F.silu(gate) * up are NaN/Inf, slimfit's are too."""
+    gen = torch.Generator().manual_seed(0)
+    gate0, up0, g = (torch.randn(4, 200, generator=gen) for _ in range(3))
+    {"gate": gate0, "up": up0, "grad": g}[into][1, 7] = value
+    grads = []
+    for fn in (lambda a, b: F.silu(a) * b, lambda a, b: swiglu(a, b, bits=4)):
+        gate, up = gate0.clone().requires_grad_(needs[0]), up0.clone().requires_grad_(needs[1])
+        grads.append(torch.autograd.grad(fn(gate, up), [t for t in (gate, up) if t.requires_grad], g))
+    assert not nonfinite_missed(grads[1], grads[0])

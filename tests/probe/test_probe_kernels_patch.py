@@ -301,6 +301,6 @@ def test_patched_net_matches_plain_and_unpatch_restores():
 def test_memory_counts_real_bytes_and_leaves_no_grad():
     net = _net()
     x = _x(4, 8)
-    run = memory.measure(net, x)
+    run = memory.measure(net, x, loss_fn=lambda out: out.sum())
     assert run.total > 0 and all(p.grad is None for p in net.parameters())
     assert memory.measure(net, x, backward=False).total == run.total
