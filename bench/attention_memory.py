@@ -19,12 +19,15 @@ of the candidate layers, for every "+frozen" row):
                                   slimfit's attention core before the fused path (fp32 scores, int8 P)
   paper(), auto                   SlimFitConfig.paper() (attention.path="auto": the fused path) + frozen set
 
-Columns: saved bytes of one forward + backward (`slimfit.memory.measure`: saved-tensor hooks, parameters not
-counted, a storage counted once), the attention core's share (bytes attributed to the `self_attn` modules
-themselves: the attention op and RoPE; the q/k/v/o projections are their own modules), the LM head + loss
-share (the `lm_head` module and the model root, where the loss is computed), step time (forward + backward,
-median of --repeats runs after the measured run). The LM head is another engineer's work (chunked
-cross-entropy); what paper() does there is whatever the tree holds when this runs.
+Columns (measured by bench/_measure.py): saved bytes of one forward + backward (`slimfit.memory.measure`:
+saved-tensor hooks, parameters not counted, a storage counted once), the attention core's share (bytes attributed
+to the `self_attn` modules themselves: the attention op and RoPE; the q/k/v/o projections are their own modules),
+the LM head + loss share (the `lm_head` module and the model root, where the loss is computed), the total peak of
+one whole training step (slimfit.step_memory: forward, backward, AdamW step with lr 0 over the trainable
+parameters, zero_grad; AdamW's state made beforehand; its parts at the peak in the CSV), step time (that step
+without tracking, median of --repeats runs; runs before the step peak was measured timed forward + backward
+only). The LM head is another engineer's work (chunked cross-entropy); what paper() does there is whatever the
+tree holds when this runs.
 """
 from __future__ import annotations
 
@@ -37,9 +40,7 @@ import warnings
 
 import torch
 
-import slimfit
-from bench import _results, _timing
-from slimfit import architectures as archs
+from bench import _measure, _results, _timing
 from slimfit.config import SlimFitConfig
 
 MiB = 2 ** 20
@@ -57,13 +58,9 @@ BASELINE = "plain sdpa, same frozen set"
 
 
 def build(seq: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG, max_position_embeddings=max(seq, 256),
-                                         attn_implementation="sdpa"))
-    model.train()
-    return model
+    """`slimfit memory llama-small` with CONFIG's sizes, positions for `seq`; its batch: input ids as labels."""
+    arch, model = _measure.build("llama-small", seq_len=max(seq, 256), **CONFIG)
+    return arch, model
 
 
 def shares(run) -> tuple[int, int]:
@@ -74,42 +71,30 @@ def shares(run) -> tuple[int, int]:
 
 
 def bench_seq(seq: int, args, settings) -> list[dict]:
-    model = build(seq)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, CONFIG["vocab_size"], (args.batch, seq), generator=g)
-    inputs = {"input_ids": ids, "labels": ids.clone()}
-    frozen, candidates = archs.scheduler_frozen_set(model, 0.9, seed=0)
+    arch, model = build(seq)
+    inputs = _measure.inputs(model, arch, args.batch, seq)
+    inputs = {"input_ids": inputs["input_ids"], "labels": inputs["labels"]}  # no attention mask: causal only
+    frozen, candidates = _measure.frozen_set(model, 0.9, seed=0)
     # A scheduler may apply its first frozen set at the model's next forward (a pre-hook that outlives it):
     # let that happen now, on a throwaway forward, so that it cannot change the first measured row.
     with torch.no_grad():
-        model(input_ids=ids[:, :8])
-    archs.set_frozen(model, [])
+        model(input_ids=inputs["input_ids"][:, :8])
     print(f"\n== seq {seq}, batch {args.batch}: frozen {len(frozen)}/{len(candidates)} candidate layers", flush=True)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(**inputs).loss.backward()
-
+    cases = [_measure.Case(method, lambda config=config, use=use_frozen: _measure.configured(
+        model, inputs, config=config, frozen=frozen if use else []))
+        for method, (config, use_frozen) in METHODS.items()]
+    what = _measure.What(peak=not args.no_peak, time=settings if args.repeats > 0 else None)
     rows = []
-    for method, (config, use_frozen) in METHODS.items():
-        if config is not None:
-            slimfit.patch(model, config)
-        archs.set_frozen(model, frozen if use_frozen else [])
-        try:
-            run = archs.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
-            t = _timing.bench(step, "cpu", settings) if args.repeats > 0 else None
-        finally:
-            model.zero_grad(set_to_none=True)
-            if config is not None:
-                slimfit.unpatch(model)
-            archs.set_frozen(model, [])
+    for case, result in _measure.run(cases, what):
+        run, t = result.saved, result.timing
         attn, head = shares(run)
-        rows.append({"seq": seq, "batch": args.batch, "method": method, "saved_bytes": run.total,
+        rows.append({"seq": seq, "batch": args.batch, "method": case.name, "saved_bytes": run.total,
                      "attention_bytes": attn, "lm_head_loss_bytes": head,
-                     "step_ms": None if t is None else round(t.ms, 1), "reps": 0 if t is None else t.reps})
-        r = rows[-1]
-        print(f"  {method:<28} {run.total / MiB:9.2f} MiB   attention {attn / MiB:8.2f} MiB   "
-              f"head+loss {head / MiB:8.2f} MiB" + (f"   step {t.ms:8.0f} ms (median of {t.reps})" if t else ""),
+                     "step_ms": None if t is None else round(t.ms, 1), "reps": 0 if t is None else t.reps,
+                     **_measure.peak_columns(result)})
+        peak = "" if result.peak is None else f"   step peak {result.peak.total / MiB:8.1f} MiB"
+        print(f"  {case.name:<28} {run.total / MiB:9.2f} MiB   attention {attn / MiB:8.2f} MiB   "
+              f"head+loss {head / MiB:8.2f} MiB{peak}" + (f"   step {t.ms:8.0f} ms (median of {t.reps})" if t else ""),
               flush=True)
     base = next(r for r in rows if r["method"] == BASELINE)
     for r in rows:
@@ -121,13 +106,14 @@ def bench_seq(seq: int, args, settings) -> list[dict]:
 
 def table(rows: list[dict]) -> list[str]:
     head = ["seq", "method", "saved MiB", "vs plain same frozen", "attention MiB", "attention vs plain frozen",
-            "LM head + loss MiB", "step ms"]
+            "LM head + loss MiB", "step peak MiB", "step ms"]
     body = []
     for r in rows:
         ar = r["attention_ratio_vs_frozen_plain"]
+        peak = r.get("step_peak_bytes")
         body.append([str(r["seq"]), r["method"], f"{r['saved_bytes'] / MiB:.1f}", f"{r['ratio_vs_frozen_plain']:.2f}x",
                      f"{r['attention_bytes'] / MiB:.1f}", "-" if ar is None else f"{ar:.2f}x",
-                     f"{r['lm_head_loss_bytes'] / MiB:.1f}",
+                     f"{r['lm_head_loss_bytes'] / MiB:.1f}", "-" if peak in (None, "") else f"{peak / MiB:.1f}",
                      "-" if r["step_ms"] is None else f"{r['step_ms']:,.0f}"])
     return _results.md_table(head, body, right=[0, *range(2, len(head))])
 
@@ -136,7 +122,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", default="256,1024,2048")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (0: bytes only)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed training steps per row (0: not timed)")
+    ap.add_argument("--no-peak", action="store_true", help="no total step peak (saved bytes and time only)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cpu-timer", choices=("wall", "process"), default="wall",
                     help="process: CPU time of the process (robust to a busy machine; use with --threads 1)")
@@ -174,7 +161,9 @@ def main(argv=None) -> None:
         "Model: LlamaForCausalLM, hidden 256, 4 layers, 8 heads, 2 KV heads, vocab 8000, intermediate 512, fp32, "
         "sdpa, random init. Frozen set: ILSScheduler(model, 0.9, seed=0) at its first step. Bytes: saved for "
         "backward in one forward + backward (slimfit.memory.measure). \"attention\": bytes of the `self_attn` "
-        "modules themselves (attention op + RoPE; projections not included). Step: forward + backward, median.",
+        "modules themselves (attention op + RoPE; projections not included). Step peak: the total peak of one "
+        "training step (forward, backward, AdamW with lr 0, zero_grad; AdamW state resident; slimfit.step_memory). "
+        "Step: that step, median.",
         "",
     ]
     _results.write_text(args.out + ".md", "\n".join(header + lines) + "\n")

@@ -8,6 +8,7 @@
     python -m bench.e2e --quick            # 2-layer models, batch 2, seq 32, one timed step: writes nothing
     python -m bench.e2e --plot bench/results/e2e_gpu.csv   # (re)draw the PNG of a CSV (e.g. made where
                                                             # matplotlib is missing)
+    python -m bench.e2e --render-only      # rebuild e2e_cpu.md from e2e_cpu.csv (new columns: '-' where not measured)
 
 Models: `BertForSequenceClassification(BertConfig())` (BERT-base) and `ViTForImageClassification(ViTConfig())`
 (ViT-B/16), random weights (memory and time do not depend on their values), train mode, dropout on,
@@ -26,12 +27,14 @@ Methods (a fresh model for each):
   slimfit-wta_crs    paper() + WTA-CRS (ratio 0.3 on attention output and FFN linears) + scheduler 0.9
                      (only when this slimfit's SlimFitConfig has `sampling`)
 
-GPU: peak memory = torch.cuda.max_memory_allocated over the timed steps (weights, gradients, AdamW state
-and activations: the total a user must fit), after 3 warm-up steps; step time = median of CUDA-event
-timed steps; throughput = batch / step time. A method that runs out of memory is recorded as OOM.
-CPU: saved activation bytes of one step (slimfit.memory's saved-tensor hooks; parameters not counted;
-gradient checkpointing's kept layer inputs are counted, its transient recomputation is not) and the
-median step time (perf_counter) after one warm-up step.
+Measured per method (bench/_measure.py, the same on both devices): the saved activation bytes of one
+forward + backward (slimfit.memory's saved-tensor hooks; parameters not counted; gradient checkpointing's kept
+layer inputs are counted, its transient recomputation is not); the total peak of one whole step
+(slimfit.step_memory: weights, gradients, AdamW state, activations and temporaries; GPU: the allocator's
+max_memory_allocated over the step after 3 warm-up steps; CPU: tensor storages sampled after every op, AdamW
+state made beforehand) with the bytes resident at its entry; the median step time (CPU: perf_counter;
+GPU: triton's do_bench) and throughput = batch / step time. A method that runs out of memory is recorded as OOM.
+`--render-only` rebuilds the Markdown (and PNG) of the results' CSV, keeping the Markdown's header.
 
 Targets (GPU, BERT-base, seq 128, batch 128, fp32), printed, not asserted: slimfit-paper peak memory at
 most 1/4 of eager, step time no worse than eager, throughput at least 1.3x that of grad-ckpt.
@@ -46,15 +49,13 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 import slimfit
-from bench import _results
+from bench import _measure, _results, _timing
 from slimfit import architectures as archs
 from slimfit.config import SlimFitConfig
 from slimfit.demo.finetune import quiet_transformers
@@ -102,9 +103,9 @@ class Row:
     shape: str
     status: str                  # ok / OOM / error text
     trainable_params: int = 0
-    saved_mib: float | None = None       # CPU: saved activations of one step
-    peak_mib: float | None = None        # GPU: max_memory_allocated over the timed steps
-    static_mib: float | None = None      # GPU: allocated before a step (weights, grads, optimizer state)
+    saved_mib: float | None = None       # saved activations of one step (saved-tensor hooks)
+    peak_mib: float | None = None        # total peak of one step (slimfit.step_memory)
+    static_mib: float | None = None      # resident at the step's entry (weights, optimizer state, batch)
     step_ms: float | None = None
     throughput: float | None = None      # samples / s
     reps: int = 0
@@ -112,6 +113,15 @@ class Row:
     torch: str = ""
     triton: str = ""
     date: str = ""
+    weights_mib: float | None = None     # the step peak's parts at the peak
+    gradients_mib: float | None = None
+    optimizer_mib: float | None = None
+    peak_saved_mib: float | None = None
+    transient_mib: float | None = None
+
+
+FLOATS = ("saved_mib", "peak_mib", "static_mib", "step_ms", "throughput", "weights_mib", "gradients_mib",
+          "optimizer_mib", "peak_saved_mib", "transient_mib")
 
 
 # ------------------------------------------------------------------ building one method
@@ -168,10 +178,34 @@ def build_method(arch, method: Method, device: str):
     return model, scheduler, on_step
 
 
-def _autocast(dtype: str, device: str):
-    if dtype == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+@contextlib.contextmanager
+def _method_setup(arch, method: Method, dtype: str, batch: int, args, device: str, row: Row):
+    """A fresh model for the method, its batch, AdamW (over every parameter when a scheduler freezes,
+    else over the trainable ones) and the scheduler's step after each step: a bench/_measure.py Setup."""
+    model, scheduler, on_step = build_method(arch, method, device)
+    inputs = archs.make_inputs(model, arch.task, batch, args.seq_len, None, seed=0, device=device)
+    row.shape = (f"seq {args.seq_len}" if arch.task != archs.IMAGE_CLS
+                 else "x".join(str(s) for s in inputs["pixel_values"].shape[-2:]))
+    params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
+    row.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    if scheduler is not None:
+        scheduler.attach_optimizer(optimizer)
+    extra = (lambda: on_step(batch)) if on_step is not None else None
+    try:
+        yield _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
+                             after_step=scheduler.step if scheduler is not None else None, extra=extra)
+    finally:
+        del model, optimizer, scheduler
+
+
+def _what(args, device: str) -> _measure.What:
+    if device.startswith("cuda"):
+        timing = _timing.Settings(cuda_warmup_ms=1.0, cuda_rep_ms=float(args.cuda_rep_ms))
+        return _measure.What(time=timing, warmup_steps=3)
+    timing = _timing.Settings(cpu_warmup=0, cpu_min_reps=args.repeats, cpu_min_time_s=0.0,
+                              cpu_max_reps=args.repeats, cpu_slow_min_reps=args.repeats)
+    return _measure.What(time=timing)
 
 
 def run_method(label, arch, name: str, method: Method, dtype: str, args, device: str) -> Row:
@@ -181,74 +215,26 @@ def run_method(label, arch, name: str, method: Method, dtype: str, args, device:
               torch=versions["torch"], triton=versions["triton"], date=_results.now())
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    case = _measure.Case(name, lambda: _method_setup(arch, method, dtype, batch, args, device, row))
     try:
-        model, scheduler, on_step = build_method(arch, method, device)
-        inputs = archs.make_inputs(model, arch.task, batch, args.seq_len, None, seed=0, device=device)
-        row.shape = (f"seq {args.seq_len}" if arch.task != archs.IMAGE_CLS
-                     else "x".join(str(s) for s in inputs["pixel_values"].shape[-2:]))
-        params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
-        row.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        optimizer = torch.optim.AdamW(params, lr=1e-5)
-        if scheduler is not None:
-            scheduler.attach_optimizer(optimizer)
-
-        def step():
-            extra = on_step(batch) if on_step is not None else {}
-            with _autocast(dtype, device):
-                loss = model(**inputs, **extra).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-
-        if device.startswith("cuda"):
-            _measure_cuda(step, row, args)
-        else:
-            _measure_cpu(model, inputs, step, row, dtype, on_step, args)
+        (_, result), = _measure.run([case], _what(args, device))
+        _fill(row, result)
     except torch.cuda.OutOfMemoryError:
         row.status = "OOM"
     finally:
-        model = optimizer = scheduler = None  # noqa: F841  (free before the next method)
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return row
 
 
-def _measure_cpu(model, inputs, step, row: Row, dtype: str, on_step, args) -> None:
-    extra = on_step(row.batch) if on_step is not None else {}
-    run = archs.measure_step(model, {**inputs, **extra}, dtype=dtype, seed=0, name=row.method)
-    row.saved_mib = run.total / MiB
-    step()  # warm-up (also the first optimizer step: AdamW state allocated)
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    row.step_ms = 1e3 * statistics.median(times)
+def _fill(row: Row, result: _measure.Result) -> None:
+    row.saved_mib, row.peak_mib, row.static_mib = result.mib("saved"), result.mib("peak"), result.mib("resident")
+    for field, part in (("weights_mib", "weights"), ("gradients_mib", "gradients"),
+                        ("optimizer_mib", "optimizer_state"), ("peak_saved_mib", "saved_at_peak"),
+                        ("transient_mib", "transient")):
+        setattr(row, field, result.mib(part))
+    row.step_ms, row.reps = result.timing.ms, result.timing.reps
     row.throughput = row.batch / (row.step_ms / 1e3)
-    row.reps = len(times)
-
-
-def _measure_cuda(step, row: Row, args) -> None:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    row.static_mib = torch.cuda.memory_allocated() / MiB
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(max(args.repeats, 5)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    row.peak_mib = torch.cuda.max_memory_allocated() / MiB
-    row.step_ms = statistics.median(times)
-    row.throughput = row.batch / (row.step_ms / 1e3)
-    row.reps = len(times)
 
 
 # ------------------------------------------------------------------ reporting
@@ -256,24 +242,35 @@ def _f(value, fmt):
     return "-" if value is None else format(value, fmt)
 
 
+def _vs(value, base) -> str:
+    return "-" if (value is None or not base) else f"{value / base:.2f}x"
+
+
+def _parts(r: Row) -> str:
+    parts = (r.weights_mib, r.gradients_mib, r.optimizer_mib, r.peak_saved_mib, r.transient_mib)
+    return "-" if None in parts else " + ".join(f"{p:,.0f}" for p in parts)
+
+
 def markdown(rows: list[Row], device: str) -> str:
-    gpu = device.startswith("cuda")
-    mem_head = "peak MiB" if gpu else "saved activations MiB/step"
+    """One table per (model, dtype): saved activations and the total step peak beside them, step time."""
     lines = []
     for (model, dtype) in dict.fromkeys((r.model, r.dtype) for r in rows):
         group = [r for r in rows if r.model == model and r.dtype == dtype]
         base = next((r for r in group if r.method == "eager" and r.status == "ok"), None)
         body = []
         for r in group:
-            mem = r.peak_mib if gpu else r.saved_mib
-            bmem = None if base is None else (base.peak_mib if gpu else base.saved_mib)
-            ratio = "-" if (mem is None or not bmem) else f"{mem / bmem:.2f}x"
-            tratio = "-" if (r.step_ms is None or base is None) else f"{r.step_ms / base.step_ms:.2f}x"
-            body.append([r.method, _f(mem, ",.1f"), ratio, _f(r.step_ms, ",.0f"), tratio, _f(r.throughput, ".2f"),
-                         f"{r.trainable_params:,}", r.status])
-        head = ["method", mem_head, "vs eager", "step ms", "vs eager", "samples/s", "trainable params", "status"]
+            body.append([r.method, _f(r.saved_mib, ",.1f"), _vs(r.saved_mib, base and base.saved_mib),
+                         _f(r.peak_mib, ",.1f"), _vs(r.peak_mib, base and base.peak_mib), _parts(r),
+                         _f(r.static_mib, ",.1f"), _f(r.step_ms, ",.0f"), _vs(r.step_ms, base and base.step_ms),
+                         _f(r.throughput, ".2f"), f"{r.trainable_params:,}", r.status])
+        head = ["method", "saved activations MiB/step", "vs eager", "step peak MiB", "vs eager",
+                "at the peak: weights + grads + AdamW + saved + transient MiB", "at entry MiB", "step ms",
+                "vs eager", "samples/s", "trainable params", "status"]
         lines += [f"### {model}, {group[0].shape}, batch {group[0].batch}, {dtype}", ""]
-        lines += _results.md_table(head, body, right=range(1, 7)) + [""]
+        lines += _results.md_table(head, body, right=range(1, 11)) + [""]
+        if all(r.peak_mib is None for r in group):
+            lines += ["Step peak: not measured in this run (the column is newer than it); "
+                      "`python -m bench.e2e --merge` redoes rows.", ""]
     return "\n".join(lines)
 
 
@@ -307,10 +304,11 @@ def write_csv(rows: list[Row], path: str) -> None:
 
 
 def read_csv(path: str) -> list[Row]:
+    """The rows of a results CSV; columns newer than the file read as not measured."""
     rows = []
     for d in _results.read_rows(path):
-        for k in ("saved_mib", "peak_mib", "static_mib", "step_ms", "throughput"):
-            d[k] = float(d[k]) if d[k] not in ("", "None") else None
+        for k in FLOATS:
+            d[k] = float(d[k]) if d.get(k) not in (None, "", "None") else None
         for k in ("batch", "trainable_params", "reps"):
             d[k] = int(d[k])
         rows.append(Row(**d))
@@ -328,21 +326,21 @@ def plot(rows: list[Row], path: str) -> bool:
         print("no matplotlib: PNG not written (pip install matplotlib; then --plot CSV)")
         return False
     groups = list(dict.fromkeys((r.model, r.dtype) for r in rows))
-    gpu = rows[0].device.startswith("cuda")
+    peak = all(r.peak_mib is not None for r in rows if r.status == "ok")  # else the saved bytes (older CSVs)
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.6), squeeze=False)
     for ax, (model, dtype) in zip(axes[0], groups):
         for r in rows:
-            mem = r.peak_mib if gpu else r.saved_mib
+            mem = r.peak_mib if peak else r.saved_mib
             if r.model != model or r.dtype != dtype or r.status != "ok" or mem is None:
                 continue
             color = "tab:red" if r.method.startswith("slimfit") else "tab:blue"
-            ax.scatter(r.throughput, mem / 1024 if gpu else mem, color=color, s=36)
-            ax.annotate(r.method, (r.throughput, mem / 1024 if gpu else mem), fontsize=7,
+            ax.scatter(r.throughput, mem / 1024 if peak else mem, color=color, s=36)
+            ax.annotate(r.method, (r.throughput, mem / 1024 if peak else mem), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
         batch = next(r.batch for r in rows if r.model == model)
         ax.set_title(f"{model}, {dtype}, batch {batch}", fontsize=9)
         ax.set_xlabel("throughput (samples/s)")
-        ax.set_ylabel("peak memory (GiB)" if gpu else "saved activations (MiB/step)")
+        ax.set_ylabel("step peak memory (GiB)" if peak else "saved activations (MiB/step)")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     fig.suptitle(f"slimfit end-to-end, {rows[0].device_name}, torch {rows[0].torch} (lower right is better)",
@@ -368,15 +366,17 @@ def _methods(spec: str) -> list[str]:
 def _header(rows: list[Row], device: str) -> str:
     v = _results.versions()
     gpu = device.startswith("cuda")
-    memory = ("torch.cuda.max_memory_allocated (total)" if gpu else
-              "saved activation bytes of one step (saved-tensor hooks)")
+    memory = ("saved activation bytes of one step (saved-tensor hooks) and the total peak of one step "
+              "(slimfit.step_memory: " + ("torch.cuda.max_memory_allocated over the step after 3 warm-up steps"
+                                          if gpu else "tensor storages sampled after every op, AdamW state made "
+                                          "beforehand") + "; its parts at the peak)")
     return (f"# End-to-end training step ({rows[0].device_name})\n\n"
             f"torch {v['torch']}, triton {v['triton']}, {_results.now()}, load average {_results.load_average()}; "
             f"`{_results.command('e2e', ['--device', 'cuda' if gpu else 'cpu'])}`. "
             f"Slimfit rows freeze with ILSScheduler(freeze_rate={FREEZE_RATE}). Memory: {memory}.\n\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--models", default="bert,vit")
@@ -386,23 +386,63 @@ def main(argv: list[str] | None = None) -> int:
                         "step of batch 4 on the 2-core AMD EPYC here: no bf16 matrix units)")
     p.add_argument("--batch", type=int, default=None, help="default 128 on a GPU; 4 (BERT) / 2 (ViT) on the CPU")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps (GPU: at least 5)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps on the CPU")
+    p.add_argument("--cuda-rep-ms", type=float, default=2000.0,
+                   help="GPU: milliseconds of timed steps (do_bench's rep; at least one step)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out-dir", default=None, help="default bench/results (nothing is written with --quick)")
     p.add_argument("--quick", action="store_true", help="2-layer models, batch 2, seq 32, one timed step")
     p.add_argument("--plot", default=None, metavar="CSV", help="only draw the PNG of an existing CSV")
+    p.add_argument("--render-only", action="store_true",
+                   help="only rebuild the Markdown (header kept) and PNG of the results' CSV for --device")
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of an existing CSV that this run does not redo (same model, dtype, method)")
-    args = p.parse_args(argv)
+    return p
+
+
+def render_only(base: str, device: str) -> int:
+    """Rebuild <base>.md from <base>.csv with this version's tables, keeping the Markdown's header (the run's
+    date, machine and command), and redraw the PNG."""
+    rows = read_csv(base + ".csv")
+    old = open(base + ".md").read() if os.path.exists(base + ".md") else ""
+    header = old[:old.index("### ")] if "### " in old else _header(rows, device)
+    notes = targets(rows) if device.startswith("cuda") else []
+    tail = "\n" + "\n".join(notes) + "\n" if notes else ""
+    _results.write_text(base + ".md", header + markdown(rows, device) + tail)
+    plot(rows, base + ".png")
+    print(f"rewrote {base}.md, .png")
+    return 0
+
+
+def measure_all(args, device: str, methods: list[str], on_row) -> list[Row]:
+    """Every (model, dtype, method) of the arguments, in order; on_row(rows so far) after each."""
+    rows: list[Row] = []
+    for label, arch in _architectures(args):
+        if arch.task == archs.IMAGE_CLS and args.quick:
+            arch = dataclasses.replace(arch, config={**arch.config, "image_size": 64})
+        for dtype in args.dtypes.split(","):
+            print(f"\n== {label}, {dtype}, {device}", flush=True)
+            for name in methods:
+                r = run_method(label, arch, name, METHODS[name], dtype, args, device)
+                rows.append(r)
+                print(f"  {name:<20} {r.status:<4} saved {_f(r.saved_mib, '8.1f')} MiB  step peak "
+                      f"{_f(r.peak_mib, '9,.0f')} MiB  step {_f(r.step_ms, '8,.0f')} ms  "
+                      f"{_f(r.throughput, '8.2f')} samples/s", flush=True)
+                on_row(rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    device = args.device
     if args.plot:
-        rows = read_csv(args.plot)
-        png = os.path.splitext(args.plot)[0] + ".png"
-        return 0 if plot(rows, png) else 1
+        return 0 if plot(read_csv(args.plot), os.path.splitext(args.plot)[0] + ".png") else 1
+    if args.render_only:
+        return render_only(_results.results_path("e2e", "", device, args.out_dir), device)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
         args.batch, args.seq_len, args.repeats = args.batch or 2, 32, 1
-    device = args.device
     if args.dtypes is None:
         args.dtypes = "fp32,bf16" if device.startswith("cuda") else "fp32"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -413,21 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     write = args.out_dir is not None or not args.quick
     base = _results.results_path("e2e", "", device, args.out_dir) if write else None
     previous = read_csv(base + ".csv") if (base and args.merge and os.path.exists(base + ".csv")) else []
-    rows: list[Row] = []
-    for label, arch in _architectures(args):
-        if arch.task == archs.IMAGE_CLS and args.quick:
-            arch = dataclasses.replace(arch, config={**arch.config, "image_size": 64})
-        for dtype in args.dtypes.split(","):
-            print(f"\n== {label}, {dtype}, {device}", flush=True)
-            for name in methods:
-                r = run_method(label, arch, name, METHODS[name], dtype, args, device)
-                rows.append(r)
-                mem = (f"peak {r.peak_mib:9,.0f} MiB" if r.peak_mib is not None else
-                       f"saved {r.saved_mib:8.1f} MiB" if r.saved_mib is not None else "")
-                print(f"  {name:<20} {r.status:<4} {mem}  step {_f(r.step_ms, '8,.0f')} ms  "
-                      f"{_f(r.throughput, '8.2f')} samples/s", flush=True)
-                if base:  # after every row: an interrupted run keeps what it measured
-                    write_csv(merge_rows(previous, rows), base + ".csv")
+    # after every row: an interrupted run keeps what it measured
+    rows = measure_all(args, device, methods, lambda rows: base and write_csv(merge_rows(previous, rows),
+                                                                               base + ".csv"))
     all_rows = merge_rows(previous, rows)
     text = markdown(all_rows, device)
     print("\n" + text)

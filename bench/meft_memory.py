@@ -14,7 +14,9 @@ seq 128, fp32, train mode (dropout on), SDPA attention. Rows:
   adapters  slimfit.reversible.add_adapters (one FFN-parallel adapter per layer, bottleneck 8), base frozen
   meftN     slimfit.reversible.convert(form="meftN"), all layers reversible, base frozen
   meftN-nr  the same network with reversible_layers=0 (plain autograd through the MEFT layers)
-Saved bytes = slimfit.memory.measure (saved-tensor hooks; parameters not counted) of one forward.
+Saved bytes = slimfit.memory.measure (saved-tensor hooks; parameters not counted) of one forward; step peak =
+the total peak of one whole training step (slimfit.step_memory: forward, backward, AdamW with lr 0 over the
+trainable parameters, zero_grad; AdamW state made beforehand), both through bench/_measure.py.
 Step time: forward + backward of the depth given by --time-depth, median of --repeats steps after one
 warm-up, the reversible and the non-reversible run of a form alternating in the same process; the
 ratio is the price of recomputing F and G in backward.
@@ -33,8 +35,7 @@ import time
 import torch
 
 import slimfit.reversible as rv
-from bench import _results
-from slimfit.memory import measure
+from bench import _measure, _results
 
 FORMS = ("meft1", "meft2", "meft3")
 
@@ -84,14 +85,17 @@ def run_memory(args):
     methods = ["plain", "adapters"] + [m for f in FORMS for m in (f, f + "-nr")]
     inputs = batch(args.batch, args.seq)
     rows = []
+    what = _measure.What(peak=not args.no_peak)
     for depth in args.depths:
         base = bert(depth, args.hidden, args.heads, args.ffn)
         for method in methods:
             model = prepare(copy.deepcopy(base), method)
-            torch.manual_seed(0)
-            saved = measure(model, **inputs, backward=False).total
-            rows.append({"depth": depth, "method": method, "saved_bytes": saved})
-            print(f"depth {depth:2d}  {method:9s} saved {fmt_mib(saved):>8s} MiB", flush=True)
+            result = _measure.measure(_measure.Setup(model, inputs), what)
+            saved = result.saved.total
+            rows.append({"depth": depth, "method": method, "saved_bytes": saved, **_measure.peak_columns(result)})
+            peak = "" if result.peak is None else f"  step peak {fmt_mib(result.peak.total):>8s} MiB"
+            print(f"depth {depth:2d}  {method:9s} saved {fmt_mib(saved):>8s} MiB{peak}", flush=True)
+            del model, result
     times = []
     base = bert(args.time_depth, args.hidden, args.heads, args.ffn)
     for form in FORMS:
@@ -116,14 +120,17 @@ def run_memory(args):
     return rows, times
 
 
-MEMORY_FIELDS = ["kind", "depth", "method", "saved_bytes", "reversible_s", "plain_autograd_s", "ratio"]
+MEMORY_FIELDS = ["kind", "depth", "method", "saved_bytes", "reversible_s", "plain_autograd_s", "ratio",
+                 *_measure.PEAK_COLUMNS]
 
 
 def write_memory(args, rows, times):
+    none = [""] * len(_measure.PEAK_COLUMNS)
     _results.write_rows(_results.results_path("meft_memory", "csv", "cpu"),
-                        [["memory", r["depth"], r["method"], r["saved_bytes"], "", "", ""] for r in rows]
-                        + [["time", t["depth"], t["form"], "", t["reversible_s"], t["plain_autograd_s"], t["ratio"]]
-                           for t in times], MEMORY_FIELDS)
+                        [["memory", r["depth"], r["method"], r["saved_bytes"], "", "", "",
+                          *(r[k] for k in _measure.PEAK_COLUMNS)] for r in rows]
+                        + [["time", t["depth"], t["form"], "", t["reversible_s"], t["plain_autograd_s"], t["ratio"],
+                            *none] for t in times], MEMORY_FIELDS)
     _results.write_text(_results.results_path("meft_memory", "md", "cpu"), memory_markdown(args, rows, times))
 
 
@@ -145,8 +152,9 @@ def memory_markdown(args, rows, times) -> str:
     lines += _results.md_table(["method", *(f"depth {d}" for d in args.depths), "per extra layer"], body,
                                right=range(1, len(args.depths) + 2))
     lines += ["", f"Reduction at depth {d1} vs plain fine-tuning: " + ", ".join(
-        f"{m} {by[(d1, 'plain')] / by[(d1, m)]:.1f}x" for m in methods if m != "plain"), "",
-        f"## Step time (forward + backward), depth {args.time_depth}, median of {args.repeats} steps", ""]
+        f"{m} {by[(d1, 'plain')] / by[(d1, m)]:.1f}x" for m in methods if m != "plain")]
+    lines += peak_markdown(args, rows, methods)
+    lines += ["", f"## Step time (forward + backward), depth {args.time_depth}, median of {args.repeats} steps", ""]
     body = [[t["form"], f"{t['reversible_s']:.3f}" if t["reversible_s"] != "" else "-", f"{t['plain_autograd_s']:.3f}",
              f"{t['ratio']:.2f}x" if t["ratio"] != "" else "-"] for t in times]
     lines += _results.md_table(["method", "reversible s", "plain autograd s", "reversible / plain"], body,
@@ -154,6 +162,20 @@ def memory_markdown(args, rows, times) -> str:
     lines += ["", f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), shared 2-core machine: times are "
               "indicative, ratios within one run are the comparable numbers."]
     return "\n".join(lines) + "\n"
+
+
+def peak_markdown(args, rows, methods) -> list[str]:
+    """The total step peak by depth (none when not measured)."""
+    peak = {(r["depth"], r["method"]): r["step_peak_bytes"] for r in rows}
+    if any(v == "" for v in peak.values()):
+        return []
+    d1 = args.depths[-1]
+    body = [[m, *(fmt_mib(peak[(d, m)]) for d in args.depths), f"{peak[(d1, 'plain')] / peak[(d1, m)]:.2f}x"]
+            for m in methods]
+    return ["", "## Total step peak, MiB (forward, backward, AdamW with lr 0 over the trainable parameters, "
+            "zero_grad; AdamW state resident; slimfit.step_memory)", ""] + _results.md_table(
+        ["method", *(f"depth {d}" for d in args.depths), f"plain / method at depth {d1}"], body,
+        right=range(1, len(args.depths) + 2))
 
 
 # ---- fidelity: pretrained MiniLM-L6 -------------------------------------------------------------
@@ -262,6 +284,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--fid-batch", type=int, default=8)
+    p.add_argument("--no-peak", action="store_true", help="saved bytes only, no total step peak")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.hidden, args.heads, args.ffn = (768, 12, 3072)

@@ -218,7 +218,7 @@ def build(model_name: str, config: str, models: dict):
 
 
 def _kind(module: nn.Module) -> str | None:
-    from slimfit.patch.modules import ORIGINAL_CLASS
+    from slimfit.patching.modules import ORIGINAL_CLASS
 
     cls = vars(module).get(ORIGINAL_CLASS, type(module))
     name = cls.__name__
@@ -282,7 +282,7 @@ def capture(model, ids):
 
 def _swiglu_fn(mlp):
     from slimfit.autograd.silu import swiglu
-    from slimfit.patch.modules import OPTIONS
+    from slimfit.patching.modules import OPTIONS
 
     o = vars(mlp).get(OPTIONS)
     if o is None:  # plain PyTorch (or a preset that leaves the MLP alone)

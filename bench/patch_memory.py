@@ -29,9 +29,12 @@ seeded random 90% of its candidate layers (weight matrices, embeddings, LayerNor
 always train), the same set for every "+frozen" row. Which 10% train changes the bytes, so the
 paper() ratio is also measured for the frozen sets of seeds 1..(--frozen-seeds - 1) (bytes only).
 
-Saved bytes: `slimfit.memory.measure` (saved-tensor hooks; parameters and buffers not counted; a
-storage saved twice counts once) of one forward + backward, divided by the batch size. Step time:
-forward + backward (+ zero_grad), median of --repeats runs after the measured run (which warms up).
+Measured per row by bench/_measure.py. Saved bytes: `slimfit.memory.measure` (saved-tensor hooks; parameters
+and buffers not counted; a storage saved twice counts once) of one forward + backward, divided by the batch
+size. Step peak: the total peak of one whole training step (slimfit.step_memory: forward, backward, AdamW step
+with lr 0 over the trainable parameters, zero_grad; AdamW's state made beforehand), for the whole batch, with its
+parts at the peak in the CSV. Step time: that same step without tracking, median of --repeats runs (runs before
+the step peak was measured timed forward + backward only).
 The issue-5 target (BERT-base + paper() + 90% frozen saves >= 6x fewer activation bytes than the
 unpatched model at seq 128) is checked against the `plain` row and printed, met or not.
 """
@@ -42,6 +45,7 @@ if __name__ == "__main__" and not __package__:  # file form: python bench/patch_
     _shim.run_as_module(__file__)
 
 import argparse
+import contextlib
 import dataclasses
 import re
 import sys
@@ -51,9 +55,8 @@ from dataclasses import dataclass, field
 import torch
 
 import slimfit
-from bench import _results, _timing
+from bench import _measure, _results, _timing
 from slimfit import architectures as archs
-from slimfit.config import SlimFitConfig
 from slimfit.kernels import backend_info
 
 MiB = 2 ** 20
@@ -87,6 +90,7 @@ class Row:
     step_ms: float | None = None
     reps: int = 0
     run: object = field(default=None, repr=False)  # SavedMemory
+    peak: object = field(default=None, repr=False)  # StepMemory (None: not measured)
 
 
 def model_specs(args) -> list[tuple[str, archs.Architecture, dict]]:
@@ -117,65 +121,63 @@ def model_specs(args) -> list[tuple[str, archs.Architecture, dict]]:
 
 
 def bench_model(label: str, arch: archs.Architecture, args, settings: _timing.Settings) -> tuple[list[Row], dict]:
-    model = archs.build(arch, attn_implementation="sdpa", seed=0)
-    inputs = archs.make_inputs(model, arch.task, args.batch, args.seq_len, args.image_size, seed=0)
+    arch, model = _measure.build(arch)
+    inputs = _measure.inputs(model, arch, args.batch, args.seq_len, args.image_size)
     shape = (f"seq {args.seq_len}" if arch.task != archs.IMAGE_CLS
              else f"{inputs['pixel_values'].shape[-1]}x{inputs['pixel_values'].shape[-2]}")
-    frozen, candidates = archs.scheduler_frozen_set(model, args.freeze_rate, seed=0)
+    frozen, candidates = _measure.frozen_set(model, args.freeze_rate, seed=0)
     numel = {n: p.numel() for n, p in model.named_parameters()}
     share = lambda names: sum(numel[n] for n in names) / max(1, sum(numel[n] for n in candidates))  # noqa: E731
-    n_params = sum(numel.values())
-    print(f"\n== {label}: {n_params / 1e6:.1f}M parameters, batch {args.batch}, {shape}; frozen "
+    print(f"\n== {label}: {sum(numel.values()) / 1e6:.1f}M parameters, batch {args.batch}, {shape}; frozen "
           f"{len(frozen)}/{len(candidates)} candidate layers ({100 * share(frozen):.1f}% of their weights)",
           flush=True)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(**inputs).loss.backward()
-
-    rows: list[Row] = []
     summaries = {}
-    for method, (attn, preset, use_frozen) in METHODS.items():
-        model.set_attn_implementation(attn)
-        if preset is not None:
-            _, summaries[method] = slimfit.patch(model, SlimFitConfig.preset(preset), return_summary=True)
-        names = frozen if use_frozen else []
-        archs.set_frozen(model, names)
-        try:
-            run = archs.measure_step(model, inputs, seed=0, name=method)  # also the warm-up of the timing
-            torch.manual_seed(1)
-            t = _timing.bench(step, "cpu", settings) if args.repeats > 0 else None
-        finally:
-            model.zero_grad(set_to_none=True)
-            if preset is not None:
-                slimfit.unpatch(model)
-            archs.set_frozen(model, [])
-        rows.append(Row(label, method, shape, args.batch, 0 if use_frozen else None, len(names), len(candidates),
-                        share(names), run.total, run.total / args.batch, step_ms=t.ms if t else None,
-                        reps=t.reps if t else 0, run=run))
-        r = rows[-1]
-        print(f"  {method:<18} {r.per_sample / MiB:9.2f} MiB/sample"
-              + (f"   step {r.step_ms:8.0f} ms (median of {r.reps})" if t else ""), flush=True)
-    model.set_attn_implementation("sdpa")
 
-    # paper() with other seeded frozen sets (bytes only)
-    for fseed in range(1, args.frozen_seeds):
-        fz, _ = archs.scheduler_frozen_set(model, args.freeze_rate, seed=fseed)
-        slimfit.patch(model, SlimFitConfig.paper())
-        archs.set_frozen(model, fz)
-        try:
-            run = archs.measure_step(model, inputs, seed=0, name="paper+frozen")
-        finally:
-            slimfit.unpatch(model)
-            archs.set_frozen(model, [])
-        rows.append(Row(label, "paper+frozen", shape, args.batch, fseed, len(fz), len(candidates), share(fz),
-                        run.total, run.total / args.batch, run=run))
-        print(f"  paper+frozen (frozen set of seed {fseed}) {run.total / args.batch / MiB:9.2f} MiB/sample", flush=True)
+    def case(method, attn, preset, names):
+        @contextlib.contextmanager
+        def open_():
+            with _measure.configured(model, inputs, config=preset, frozen=names, attn=attn) as setup:
+                if preset is not None:
+                    summaries[method] = model.slimfit_summary
+                yield setup
+        return _measure.Case(method, open_, {"names": names})
 
+    cases = [case(m, attn, preset, frozen if use_frozen else []) for m, (attn, preset, use_frozen) in METHODS.items()]
+    what = _measure.What(peak=not args.no_peak, time=settings if args.repeats > 0 else None)
+    rows: list[Row] = []
+    for c, result in _measure.run(cases, what):
+        names = c.meta["names"]
+        t = result.timing
+        rows.append(Row(label, c.name, shape, args.batch, 0 if names else None, len(names), len(candidates),
+                        share(names), result.saved.total, result.saved.total / args.batch,
+                        step_ms=t.ms if t else None, reps=t.reps if t else 0, run=result.saved, peak=result.peak))
+        _print_row(rows[-1])
+    rows += _other_frozen_sets(label, model, inputs, shape, candidates, share, args)
     base = rows[0].saved_bytes
     for r in rows:
         r.ratio = base / r.saved_bytes if r.saved_bytes else float("inf")
     return rows, summaries
+
+
+def _print_row(r: Row) -> None:
+    peak = "" if r.peak is None else f"   step peak {r.peak.total / MiB:9.1f} MiB"
+    step = "" if r.step_ms is None else f"   step {r.step_ms:8.0f} ms (median of {r.reps})"
+    print(f"  {r.method:<18} {r.per_sample / MiB:9.2f} MiB/sample{peak}{step}", flush=True)
+
+
+def _other_frozen_sets(label, model, inputs, shape, candidates, share, args) -> list[Row]:
+    """paper() with the frozen sets of seeds 1.. (bytes only)."""
+    rows = []
+    for fseed in range(1, args.frozen_seeds):
+        fz, _ = _measure.frozen_set(model, args.freeze_rate, seed=fseed)
+        case = _measure.Case("paper+frozen", lambda fz=fz: _measure.configured(model, inputs, config="paper",
+                                                                               frozen=fz))
+        ((_, result),) = _measure.run([case], _measure.What(peak=False))
+        run = result.saved
+        rows.append(Row(label, "paper+frozen", shape, args.batch, fseed, len(fz), len(candidates), share(fz),
+                        run.total, run.total / args.batch, run=run))
+        print(f"  paper+frozen (frozen set of seed {fseed}) {run.total / args.batch / MiB:9.2f} MiB/sample", flush=True)
+    return rows
 
 
 # ------------------------------------------------------------------ reporting
@@ -183,12 +185,21 @@ def _fmt_ms(ms):
     return "-" if ms is None else f"{ms:,.0f}"
 
 
+def _peak(r: Row, plain: Row | None) -> tuple[str, str]:
+    if r.peak is None:
+        return "-", "-"
+    ratio = "-" if plain is None or plain.peak is None else f"{plain.peak.total / r.peak.total:.2f}x"
+    return f"{r.peak.total / MiB:,.1f}", ratio
+
+
 def main_table(rows: list[Row], md: bool) -> list[str]:
-    head = ["model", "method", "frozen layers", "frozen weights", "MiB/sample", "vs plain", "step ms"]
+    head = ["model", "method", "frozen layers", "frozen weights", "MiB/sample", "vs plain", "step peak MiB",
+            "peak: plain / row", "step ms"]
+    plain = {r.model: r for r in rows if r.method == "plain"}
     body = [[r.model, r.method, f"{r.frozen_layers}/{r.candidate_layers}", f"{100 * r.frozen_weight_share:.1f}%",
-             f"{r.per_sample / MiB:.2f}", f"{r.ratio:.2f}x", _fmt_ms(r.step_ms)]
+             f"{r.per_sample / MiB:.2f}", f"{r.ratio:.2f}x", *_peak(r, plain.get(r.model)), _fmt_ms(r.step_ms)]
             for r in rows if r.frozen_seed in (None, 0)]
-    return _table(head, body, md, right=(2, 3, 4, 5, 6))
+    return _table(head, body, md, right=(2, 3, 4, 5, 6, 7, 8))
 
 
 def seed_table(rows: list[Row], md: bool) -> list[str]:
@@ -319,7 +330,7 @@ def header_lines(args, load0, load1) -> list[str]:
 CSV_FIELDS = ["model", "method", "shape", "batch", "frozen_seed", "frozen_layers", "candidate_layers",
               "frozen_weight_share", "saved_bytes", "saved_bytes_per_sample", "ratio_vs_plain", "step_ms", "reps",
               "timer", "device", "cpu", "threads", "torch", "transformers", "slimfit", "cpu_kernels", "load_avg",
-              "date"]
+              "date", *_measure.PEAK_COLUMNS]
 
 
 def write_results(out_dir: str | None, args, argv, rows, summaries_by_model, load0, load1, notes):
@@ -336,14 +347,17 @@ def write_results(out_dir: str | None, args, argv, rows, summaries_by_model, loa
              frozen_seed="" if r.frozen_seed is None else r.frozen_seed, frozen_layers=r.frozen_layers,
              candidate_layers=r.candidate_layers, frozen_weight_share=f"{r.frozen_weight_share:.4f}",
              saved_bytes=r.saved_bytes, saved_bytes_per_sample=f"{r.per_sample:.0f}", ratio_vs_plain=f"{r.ratio:.3f}",
-             step_ms="" if r.step_ms is None else f"{r.step_ms:.1f}", reps=r.reps, **common)
+             step_ms="" if r.step_ms is None else f"{r.step_ms:.1f}", reps=r.reps, **common,
+             **_measure.peak_columns(_measure.Result(peak=r.peak)))
         for r in rows], CSV_FIELDS)
     lines = ["# Saved activation bytes of patched models (CPU)", "",
              f"Written by `{_results.command('patch_memory', argv)}`.", ""]
     lines += [f"- {x}" for x in header_lines(args, load0, load1)]
     lines += ["", "## Bytes saved for backward per sample, and step time (forward + backward)", ""]
     lines += main_table(rows, md=True)
-    lines += ["", "Ratios are against `plain` (unpatched, every parameter trainable, sdpa attention). `frozen` = "
+    lines += ["", "Ratios are against `plain` (unpatched, every parameter trainable, sdpa attention). Step peak: the "
+              "total peak of one training step of the whole batch (weights, gradients, AdamW state, activations, "
+              "temporaries; slimfit.step_memory), its parts at the peak in the CSV. `frozen` = "
               "layers frozen of the scheduler's candidate layers (ILSScheduler first step, seed 0: a seeded random "
               "90%); `frozen weights` = their share of the candidates' weights.",
               ""]
@@ -414,7 +428,7 @@ NOTES = [
 ]
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="bert,vit,llama-tiny,smollm",
                     help="comma list of bert, vit, llama-tiny, smollm (default all four)")
@@ -424,7 +438,8 @@ def main(argv=None) -> int:
     ap.add_argument("--freeze-rate", type=float, default=0.9)
     ap.add_argument("--vit-dropout", type=float, default=None,
                     help="ViT hidden and attention dropout (default: ViTConfig's, 0.0)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed forward+backward runs per row (0: bytes only)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed training steps per row (0: not timed)")
+    ap.add_argument("--no-peak", action="store_true", help="no total step peak (saved bytes and time only)")
     ap.add_argument("--frozen-seeds", type=int, default=3,
                     help="paper() bytes for the frozen sets of seeds 0..N-1 (default 3)")
     ap.add_argument("--top", type=int, default=12, help="rows of the per-module tables")
@@ -434,7 +449,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=None,
                     help="where to write patch_memory_cpu.{csv,md} (default bench/results; --quick writes nothing "
                          "unless given)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     # wta_crs+frozen runs without sample ids on purpose (the saved bytes do not depend on them)
     warnings.filterwarnings("ignore", message=r"slimfit: sampling \(SlimFitConfig.sampling\) runs without sample ids")
     if args.quick:

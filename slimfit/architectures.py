@@ -9,6 +9,8 @@ of bench/ share.
     frozen, candidates = A.scheduler_frozen_set(model, 0.9)   # ILSScheduler's first frozen set
     A.set_frozen(model, frozen)
     run = A.measure_step(model, inputs)                        # slimfit.memory.SavedMemory of one step
+    peak = A.measure_step_peak(model, inputs)                  # slimfit.step_memory.StepMemory: the whole
+                                                               # step's peak (AdamW), weights to temporaries
 
 `resolve(name)` accepts the names `slimfit memory --help` lists, aliases (bert, vit, gpt2-small,
 smollm2, tinyllama, ...) and the hidden test sizes (bert-tiny, llama-tiny).
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["ARCHITECTURES", "Architecture", "TEXT_CLS", "CAUSAL_LM", "IMAGE_CLS", "known_names", "resolve", "build",
            "max_tokens", "make_inputs", "scheduler_frozen_set", "set_frozen", "autocast_context", "measure_step",
-           "collapse_layers", "collapse_layers_name"]
+           "adamw", "prime_optimizer", "measure_step_peak", "collapse_layers", "collapse_layers_name"]
 
 TEXT_CLS, CAUSAL_LM, IMAGE_CLS = "text-classification", "causal-lm", "image-classification"
 
@@ -212,6 +214,56 @@ def measure_step(model, inputs: dict, *, dtype: str = "fp32", seed: int = 0, nam
     model.zero_grad(set_to_none=True)
     result.name = name
     return result
+
+
+def adamw(model, lr: float = 0.0):
+    """AdamW over the parameters that require grad. lr=0 by default: a measured step does all of AdamW's
+    work (moments, temporaries) and leaves the weights as they were."""
+    import torch
+
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def prime_optimizer(optimizer) -> None:
+    """Create the optimizer's lazy state (AdamW's moments) without a forward or backward: one step on zero
+    gradients for the parameters that have no state yet, then the gradients dropped. A step measured after
+    this finds the state resident, as every step after the first does."""
+    import torch
+
+    params = [p for g in optimizer.param_groups for p in g["params"]
+              if p.requires_grad and p.grad is None and not optimizer.state.get(p)]
+    if not params:
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for p in params:
+        p.grad = None
+
+
+def measure_step_peak(model, inputs: dict, *, dtype: str = "fp32", optimizer=None, seed: int = 0,
+                      extra: dict | None = None, after_step=None, prime: bool = True, name: str = ""):
+    """slimfit.step_memory.measure_step of one whole training step: forward (autocast for bf16, dropout
+    seeded), backward, optimizer step, zero_grad (+ after_step). The optimizer defaults to `adamw(model)`
+    (lr 0), primed so that its state is resident as in any step after the first (prime=False: the first
+    step, state created inside it). Returns a StepMemory."""
+    import torch
+
+    from . import step_memory
+
+    optimizer = adamw(model) if optimizer is None else optimizer
+    if prime:
+        prime_optimizer(optimizer)
+    model.zero_grad(set_to_none=True)
+    device = next(model.parameters()).device
+    batch = {**inputs, **(extra or {})}
+
+    def forward():
+        with autocast_context(dtype, device):
+            return model(**batch)
+
+    torch.manual_seed(seed)
+    return step_memory.measure_step(model, forward, optimizer, after_step=after_step, name=name)
 
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")

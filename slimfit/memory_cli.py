@@ -1,17 +1,23 @@
-"""`slimfit memory <architecture>`: saved-activation bytes per module of a standard architecture,
-plain PyTorch vs a slimfit preset, without downloading anything.
+"""`slimfit memory <architecture>`: saved-activation bytes per module of a standard architecture, and the
+total peak of one training step, plain PyTorch vs a slimfit preset, without downloading anything.
 
     slimfit memory bert-base --batch 1 --seq-len 128 --preset paper --freeze-rate 0.7
     slimfit memory vit-base --image-size 224 --dtype bf16 --collapse-layers
 
 The model is built from its `transformers` config with standard sizes and random weights (no
-checkpoint is needed: the bytes autograd saves do not depend on the weights' values). One
-training step (forward + backward, train mode, dropout on) runs three times on the same batch
-and the same dropout seed, each under `slimfit.memory.measure` (saved-tensor hooks):
+checkpoint is needed: the bytes do not depend on the weights' values). Three configurations run
+on the same batch and the same dropout seed:
 
   1. plain PyTorch, every parameter trainable (the baseline);
   2. plain PyTorch with the frozen set below (what freezing alone buys);
   3. the model patched with the preset, same frozen set.
+
+For each: one forward + backward (train mode, dropout on) under `slimfit.memory.measure`
+(saved-tensor hooks: the bytes kept for backward, per module), and, unless --saved-only, one
+whole training step under `slimfit.step_memory.measure_step` (forward, backward, AdamW step with
+lr 0 over the trainable parameters, zero_grad; AdamW's state made beforehand, as in every step
+after the first): the step's peak with weights, gradients, optimizer state, saved activations
+and transient bytes at the peak.
 
 The frozen set is the one `ILSScheduler(model, freeze_rate, seed=seed)` picks at its first
 step: a seeded random `freeze_rate` share of the scheduled layers (the weight matrices; embeddings,
@@ -71,9 +77,9 @@ def _causal_lm_note(summary) -> str:
 # ------------------------------------------------------------------ the command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     listed = ", ".join(archs.known_names())
-    parser.description = ("Per-module saved-activation bytes of one training step of an architecture built "
-                          "from its config (random weights, nothing downloaded): plain PyTorch vs a slimfit "
-                          "preset with the same layers frozen.")
+    parser.description = ("Per-module saved-activation bytes and the total peak of one training step of an "
+                          "architecture built from its config (random weights, nothing downloaded): plain PyTorch "
+                          "vs a slimfit preset with the same layers frozen.")
     parser.add_argument("architecture", help=f"one of: {listed}")
     parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence, text models (default 128)")
@@ -91,58 +97,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, batch, dropout and frozen set")
     parser.add_argument("--collapse-layers", action="store_true",
                         help="one row per role (layer index replaced by *) instead of one per module")
+    parser.add_argument("--saved-only", action="store_true",
+                        help="only the saved-for-backward bytes, not the total step peak (faster: no optimizer step)")
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args) -> tuple[object, str | None]:
+    """(architecture, None) or (None, the error message) for the arguments."""
     try:
         arch = archs.resolve(args.architecture)
     except ValueError as exc:
-        print(f"slimfit memory: {exc}", file=sys.stderr)
-        return 2
+        return None, str(exc)
     if not (0.0 <= args.freeze_rate < 1.0):
-        print(f"slimfit memory: --freeze-rate must be in [0, 1), got {args.freeze_rate}", file=sys.stderr)
-        return 2
+        return None, f"--freeze-rate must be in [0, 1), got {args.freeze_rate}"
     if arch.task != archs.IMAGE_CLS and args.image_size is not None:
-        print(f"slimfit memory: --image-size applies to vision models; {arch.name} takes --seq-len",
-              file=sys.stderr)
-        return 2
+        return None, f"--image-size applies to vision models; {arch.name} takes --seq-len"
+    if args.device.startswith("cuda"):
+        import torch
 
-    import torch
+        if not torch.cuda.is_available():
+            return None, "--device cuda but torch sees no CUDA device"
+    return arch, None
 
+
+def _measure(model, inputs, args, name: str):
+    """(saved bytes of one forward + backward, total step peak or None) of the model as it is now."""
+    saved = archs.measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name=name)
+    peak = None if args.saved_only else archs.measure_step_peak(model, inputs, dtype=args.dtype, seed=args.seed,
+                                                                name=name)
+    return saved, peak
+
+
+def _three_runs(model, inputs, frozen, args):
+    """Plain, plain with the frozen set, the preset with the frozen set: [(saved, peak)] and the patch summary."""
     import slimfit
 
     from .config import SlimFitConfig
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("slimfit memory: --device cuda but torch sees no CUDA device", file=sys.stderr)
-        return 2
+    runs = [_measure(model, inputs, args, "plain")]
+    archs.set_frozen(model, frozen)
+    runs.append(_measure(model, inputs, args, "plain, frozen"))
+    summary = slimfit.patch(model, SlimFitConfig.preset(args.preset)).slimfit_summary
+    archs.set_frozen(model, frozen)
     try:
-        model = archs.build(arch, attn_implementation=args.attn_implementation, image_size=args.image_size,
-                            seed=args.seed).to(args.device)
-        inputs = archs.make_inputs(model, arch.task, args.batch, args.seq_len, args.image_size, seed=args.seed,
-                                   device=args.device)
-    except ValueError as exc:
-        print(f"slimfit memory: {exc}", file=sys.stderr)
-        return 2
+        runs.append(_measure(model, inputs, args, args.preset))
+    finally:
+        slimfit.unpatch(model)
+        archs.set_frozen(model, ())
+    return runs, summary
 
-    frozen, candidates = archs.scheduler_frozen_set(model, args.freeze_rate, seed=args.seed)
+
+def _print_header(arch, model, inputs, frozen, candidates, summary, args) -> None:
     by_name = dict(model.named_parameters())
     cand_numel = sum(by_name[n].numel() for n in candidates)
     frozen_numel = sum(by_name[n].numel() for n in frozen)
     n_params = sum(p.numel() for p in model.parameters())
-
-    plain = archs.measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name="plain")
-    archs.set_frozen(model, frozen)
-    plain_frozen = archs.measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name="plain, frozen")
-    config = SlimFitConfig.preset(args.preset)
-    _, summary = slimfit.patch(model, config, return_summary=True)
-    archs.set_frozen(model, frozen)
-    try:
-        patched = archs.measure_step(model, inputs, dtype=args.dtype, seed=args.seed, name=args.preset)
-    finally:
-        slimfit.unpatch(model)
-        archs.set_frozen(model, ())
-
     size = (f"seq {inputs['input_ids'].shape[1]}" if "input_ids" in inputs
             else f"image {inputs['pixel_values'].shape[-1]}x{inputs['pixel_values'].shape[-2]}")
     print(f"slimfit memory: {arch.name} ({type(model).__name__}, {n_params / 1e6:.1f}M parameters, random weights)")
@@ -153,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
           f"freeze rate {args.freeze_rate}, seed {args.seed}; {share})")
     print(f"  {summary}".replace("\n", "\n  "))
     print()
+
+
+def _print_saved(arch, runs, summary, args) -> None:
+    import slimfit
+
+    plain, plain_frozen, patched = (saved for saved, _ in runs)
     left = "slimfit " + args.preset + "() + frozen"
     print(f"Saved for backward per module: '{left}' (saved, share) vs plain PyTorch, all trainable (baseline)")
     if args.collapse_layers:
@@ -164,15 +178,56 @@ def run(args: argparse.Namespace) -> int:
     if arch.task == archs.CAUSAL_LM:
         print(_causal_lm_note(summary))
     print()
-    rows = [("plain PyTorch, all trainable", plain.total, "1.00x"),
-            ("plain PyTorch, same layers frozen", plain_frozen.total, _ratio(plain.total, plain_frozen.total)),
-            (f"slimfit {args.preset}(), same layers frozen", patched.total, _ratio(plain.total, patched.total))]
-    width = max(len(r[0]) for r in rows)
+    width = max(len(label) for label in _labels(args))
     print(f"Totals (activation bytes saved for backward in one step; per sample = / {args.batch}):")
-    for label, total, ratio in rows:
-        print(f"  {label:<{width}}  {_mib(total):>13}  {_mib(total / args.batch):>13}/sample  {ratio:>8}")
+    for label, run in zip(_labels(args), (plain, plain_frozen, patched)):
+        print(f"  {label:<{width}}  {_mib(run.total):>13}  {_mib(run.total / args.batch):>13}/sample  "
+              f"{_ratio(plain.total, run.total):>8}")
     print(f"reduction vs plain: {_ratio(plain.total, patched.total)} "
           f"(freezing alone: {_ratio(plain.total, plain_frozen.total)})")
+
+
+def _labels(args) -> list[str]:
+    return ["plain PyTorch, all trainable", "plain PyTorch, same layers frozen",
+            f"slimfit {args.preset}(), same layers frozen"]
+
+
+def _print_peaks(runs, args) -> None:
+    """The total step peak of each run and its parts at the peak."""
+    peaks = [peak for _, peak in runs]
+    head = ["", "step peak", "weights", "gradients", "optimizer", "saved", "transient", "at entry", "peak in"]
+    body = [[label, _mib(p.total), _mib(p.weights), _mib(p.gradients), _mib(p.optimizer_state), _mib(p.saved),
+             _mib(p.transient), _mib(p.resident), p.peak_phase] for label, p in zip(_labels(args), peaks)]
+    widths = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
+    print()
+    print("Total step peak (one training step: forward, backward, AdamW step, zero_grad; AdamW state already made, "
+          "as in every step after the first; parts at the peak):")
+    for row in [head] + body:
+        print("  " + "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]))
+    print(f"  ({peaks[0].device}: {peaks[0].method}; 'saved' here is what is still live at the peak)")
+    print(f"step peak reduction vs plain: {_ratio(peaks[0].total, peaks[2].total)} "
+          f"(freezing alone: {_ratio(peaks[0].total, peaks[1].total)})")
+
+
+def run(args: argparse.Namespace) -> int:
+    arch, error = _check(args)
+    if error is not None:
+        print(f"slimfit memory: {error}", file=sys.stderr)
+        return 2
+    try:
+        model = archs.build(arch, attn_implementation=args.attn_implementation, image_size=args.image_size,
+                            seed=args.seed).to(args.device)
+        inputs = archs.make_inputs(model, arch.task, args.batch, args.seq_len, args.image_size, seed=args.seed,
+                                   device=args.device)
+    except ValueError as exc:
+        print(f"slimfit memory: {exc}", file=sys.stderr)
+        return 2
+    frozen, candidates = archs.scheduler_frozen_set(model, args.freeze_rate, seed=args.seed)
+    runs, summary = _three_runs(model, inputs, frozen, args)
+    _print_header(arch, model, inputs, frozen, candidates, summary, args)
+    _print_saved(arch, runs, summary, args)
+    if not args.saved_only:
+        _print_peaks(runs, args)
     return 0
 
 

@@ -49,3 +49,29 @@ def test_build_freeze_measure_one_step():
     assert all(p.grad is None for p in model.parameters())
     collapsed = archs.collapse_layers(run)
     assert collapsed.total == run.total and any(".layer.*." in k for k in collapsed.per_module)
+
+
+def test_step_peak_with_adamw_state_made_first():
+    """measure_step_peak: the whole step (AdamW at lr 0, its moments made beforehand by prime_optimizer), the
+    weights untouched, nothing left behind."""
+    import torch
+
+    torch.set_num_threads(1)
+    arch = archs.resolve("bert-tiny")
+    model = archs.build(arch, seed=0)
+    inputs = archs.make_inputs(model, arch.task, batch=2, seq_len=8, seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    archs.set_frozen(model, [n for n, p in model.named_parameters() if p.dim() == 2 and ".layer.0." in n])
+    opt = archs.adamw(model)
+    archs.prime_optimizer(opt)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert all(opt.state[p] for p in trainable) and len(opt.state) == len(trainable)
+    assert all(p.grad is None for p in model.parameters())
+    state = sum(t.untyped_storage().nbytes() for s in opt.state.values() for t in s.values())
+    run = archs.measure_step_peak(model, inputs, optimizer=opt, name="frozen")
+    assert run.name == "frozen" and run.optimizer_state == state and run.resident > state
+    assert sum(run.parts().values()) == run.total > run.resident
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # lr 0
+    assert all(p.grad is None for p in model.parameters())
+    default = archs.measure_step_peak(model, inputs)  # its own AdamW: the same step
+    assert default.total == run.total

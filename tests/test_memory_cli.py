@@ -49,7 +49,7 @@ def test_paper_report_names_modules_and_saves(capsys):
     for module in ("bert.encoder.layer.0.attention.self", "bert.encoder.layer.1.intermediate.intermediate_act_fn",
                    "bert.encoder.layer.1.output.LayerNorm"):
         assert module in out
-    assert "family: bert" in out and "slimfit_sdpa" in out
+    assert "family: bert" in out and "attention: sdpa" in out
     assert _ratio(out) > 1.0
     plain = _bytes(out, "plain PyTorch, all trainable")
     frozen = _bytes(out, "plain PyTorch, same layers frozen")
@@ -58,6 +58,32 @@ def test_paper_report_names_modules_and_saves(capsys):
     # The frozen set is the scheduler's at its default rate: 70% of bert-tiny's 13 weight matrices below the
     # head (of 22 candidates, the 3 embedding tables, 5 LayerNorm weights and the classifier train every step).
     assert "frozen: 9 of 13 scheduled layers" in out
+    _check_step_peaks(out)
+
+
+_UNIT = r"([0-9.,]+ (?:KiB|MiB|GiB))"
+
+
+def _peak_row(out: str, label: str) -> list[float]:
+    """step peak, weights, gradients, optimizer, saved, transient, at entry (bytes) of one row of the
+    total-step-peak table (the row after the table's title: the same label heads a Totals row above)."""
+    table = out.split("Total step peak (", 1)[1]
+    m = re.search(r"^\s+" + re.escape(label) + r"\s+" + r"\s+".join([_UNIT] * 7), table, re.MULTILINE)
+    assert m, out
+    scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    return [float(g.split()[0].replace(",", "")) * scale[g.split()[1]] for g in m.groups()]
+
+
+def _check_step_peaks(out: str) -> None:
+    plain, frozen, patched = (_peak_row(out, label) for label in (
+        "plain PyTorch, all trainable", "plain PyTorch, same layers frozen", "slimfit paper(), same layers frozen"))
+    for row in (plain, frozen, patched):
+        assert abs(sum(row[1:6]) - row[0]) <= 0.02 * row[0]  # the parts sum to the peak (shown rounded)
+        assert row[6] < row[0]  # the step rises above what it finds resident
+    assert plain[1] == frozen[1] == patched[1]  # the same weights
+    assert plain[2] > frozen[2] and plain[3] > frozen[3]  # frozen layers: no gradient, no AdamW moments
+    assert patched[0] <= frozen[0] < plain[0]
+    assert re.search(r"^step peak reduction vs plain: [0-9.]+x \(freezing alone: [0-9.]+x\)", out, re.MULTILINE)
 
 
 @pytest.mark.parametrize("preset,dtype", [("exact", "fp32"), ("aggressive", "bf16")])
@@ -72,11 +98,12 @@ def test_presets_dtype_and_collapsed_rows(capsys, preset, dtype):
 
 
 def test_no_freezing_still_saves_with_paper(capsys):
-    rc = memory_cli.run(_args("bert-tiny", "--seq-len", "8", "--freeze-rate", "0"))
+    rc = memory_cli.run(_args("bert-tiny", "--seq-len", "8", "--freeze-rate", "0", "--saved-only"))
     out = capsys.readouterr().out
     assert rc == 0
     assert "frozen: 0 of 13" in out
     assert _ratio(out) > 1.0
+    assert "Total step peak" not in out  # --saved-only
 
 
 def test_unknown_architecture_lists_known_ones(capsys):

@@ -1,0 +1,205 @@
+"""One measured training step, the part every memory benchmark of bench/ shares: a script describes its
+rows as cases (a model set up for the row: built, patched, frozen) and hands them to the runner.
+
+    arch, model = _measure.build("bert-base", seq_len=128)               # slimfit/architectures.py, random weights
+    inputs = _measure.inputs(model, arch, batch=2, seq_len=128)
+    frozen, _ = _measure.frozen_set(model, 0.9)                          # ILSScheduler's first frozen set
+    case = _measure.Case("paper+frozen", lambda: _measure.configured(model, inputs, config="paper", frozen=frozen))
+    for case, result in _measure.run([case], _measure.What(time=_timing.Settings())):
+        result.saved.total, result.peak.total, result.timing.ms
+
+What is measured for a row (`measure`):
+  saved   bytes autograd saves for backward in one forward + backward (slimfit.memory, saved-tensor hooks;
+          parameters not counted), as every script of bench/ counted them so far;
+  peak    the total peak of one whole training step (slimfit.step_memory): forward, backward, optimizer step,
+          zero_grad (+ a scheduler's step), with the optimizer's state made beforehand as in every step
+          after the first; weights, gradients, optimizer state, saved and transient bytes at the peak;
+  timing  the median time of that step without any hook or tracking (bench/_timing.py), after the measured
+          step (its warm-up).
+The optimizer is AdamW over the parameters that require grad, at lr 0 unless the setup brings its own: the
+step does all of AdamW's work and the weights stay as they were, so the rows of one model compare.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+
+from bench import _timing
+from slimfit import architectures as archs
+
+MiB = 2 ** 20
+
+
+@dataclasses.dataclass
+class Setup:
+    """One training step as a row runs it: the model (patched and frozen for the row) and its batch."""
+
+    model: Any
+    inputs: dict
+    dtype: str = "fp32"
+    optimizer: Any = None                      # None: archs.adamw(model) (lr 0), made when first needed
+    after_step: Callable[[], Any] | None = None  # a scheduler's step
+    extra: Callable[[], dict] | None = None    # fresh keyword arguments for each forward (WTA-CRS sample ids)
+    seed: int = 0
+
+    def get_optimizer(self):
+        if self.optimizer is None:
+            self.optimizer = archs.adamw(self.model)
+        return self.optimizer
+
+    def batch(self) -> dict:
+        return {**self.inputs, **(self.extra() if self.extra is not None else {})}
+
+    def step(self) -> None:
+        """forward, backward, optimizer step, zero_grad, after_step: the step that is timed."""
+        optimizer = self.get_optimizer()
+        device = next(self.model.parameters()).device
+        with archs.autocast_context(self.dtype, device):
+            loss = self.model(**self.batch()).loss
+        loss.backward()
+        del loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if self.after_step is not None:
+            self.after_step()
+
+
+@dataclasses.dataclass(frozen=True)
+class What:
+    """What to measure of a row: saved bytes, the step peak, the step time (None: not timed)."""
+
+    saved: bool = True
+    peak: bool = True
+    time: _timing.Settings | None = None
+    warmup_steps: int = 0                      # whole steps before the measured one (GPU: cuBLAS, allocator)
+
+
+@dataclasses.dataclass
+class Result:
+    saved: Any = None                          # slimfit.memory.SavedMemory
+    peak: Any = None                           # slimfit.step_memory.StepMemory
+    timing: _timing.Timing | None = None
+
+    def mib(self, what: str) -> float | None:
+        """In MiB (None when not measured): "saved" (bytes saved for backward), "peak" (the step peak), or a
+        field of the StepMemory ("resident", "weights", "gradients", "optimizer_state", "saved_at_peak" for its
+        "saved", "transient")."""
+        if what == "saved":
+            return None if self.saved is None else self.saved.total / MiB
+        if self.peak is None:
+            return None
+        field = {"peak": "total", "saved_at_peak": "saved"}.get(what, what)
+        return getattr(self.peak, field) / MiB
+
+
+def measure(setup: Setup, what: What = What()) -> Result:
+    """Measure one row: saved bytes, then the step peak, then the step time, on the model's device."""
+    result = Result()
+    device = next(setup.model.parameters()).device
+    if what.saved:
+        result.saved = archs.measure_step(setup.model, setup.batch(), dtype=setup.dtype, seed=setup.seed)
+    if what.peak:
+        for _ in range(what.warmup_steps):
+            setup.step()
+        result.peak = archs.measure_step_peak(setup.model, setup.inputs, dtype=setup.dtype,
+                                              optimizer=setup.get_optimizer(), seed=setup.seed,
+                                              extra=setup.extra() if setup.extra is not None else None,
+                                              after_step=setup.after_step)
+    if what.time is not None:
+        settings = what.time if not what.peak else dataclasses.replace(what.time, cpu_warmup=0)
+        torch.manual_seed(setup.seed + 1)
+        result.timing = _timing.bench(setup.step, device, settings)
+    setup.model.zero_grad(set_to_none=True)
+    return result
+
+
+@dataclasses.dataclass
+class Case:
+    """One row of a benchmark: its name, and a context manager that sets the row up and yields its Setup
+    (and undoes the set-up on exit: unpatch, unfreeze)."""
+
+    name: str
+    open: Callable[[], ContextManager[Setup]]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+
+def run(cases: Iterable[Case], what: What = What(),
+        on_result: Callable[[Case, Result], None] | None = None) -> list[tuple[Case, Result]]:
+    """The shared runner: each case set up, measured, undone, in order; on_result sees each as it comes."""
+    out = []
+    for case in cases:
+        with case.open() as setup:
+            result = measure(setup, what)
+        out.append((case, result))
+        if on_result is not None:
+            on_result(case, result)
+    return out
+
+
+# ------------------------------------------------------------------ building blocks of the cases
+def build(name_or_arch, *, attn: str = "sdpa", layers: int | None = None, seq_len: int | None = None,
+          image_size: int | None = None, seed: int = 0, device="cpu", **config):
+    """(architecture, model) of slimfit/architectures.py, random weights, train mode; `layers` overrides the
+    depth, `config` other fields of its transformers config; the position table grows to `seq_len`."""
+    arch = archs.resolve(name_or_arch) if isinstance(name_or_arch, str) else name_or_arch
+    overrides = dict(config)
+    if layers is not None:
+        overrides["num_hidden_layers"] = layers
+    positions = arch.config.get("max_position_embeddings", 512 if arch.config_class == "BertConfig" else 2048)
+    if seq_len is not None and positions < seq_len:
+        overrides["max_position_embeddings"] = seq_len
+    if overrides:
+        arch = dataclasses.replace(arch, config={**arch.config, **overrides})
+    return arch, archs.build(arch, attn_implementation=attn, image_size=image_size, seed=seed).to(device)
+
+
+def inputs(model, arch, batch: int, seq_len: int = 128, image_size: int | None = None, device="cpu") -> dict:
+    """A random batch with labels (seed 0) for the model."""
+    return archs.make_inputs(model, arch.task, batch, seq_len, image_size, seed=0, device=device)
+
+
+def frozen_set(model, rate: float, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(frozen, candidates) of ILSScheduler(model, rate, seed=seed) at its first step."""
+    return archs.scheduler_frozen_set(model, rate, seed=seed)
+
+
+@contextlib.contextmanager
+def configured(model, batch: dict, *, config=None, frozen: Iterable[str] = (), attn: str | None = None,
+               dtype: str = "fp32", **setup):
+    """The model patched with `config` (a SlimFitConfig or a preset name; None: plain), `frozen` frozen and
+    `attn` attention, as a Setup; on exit unpatched, every parameter trainable, attention as it was."""
+    import slimfit
+    from slimfit.config import SlimFitConfig
+
+    attn_before = getattr(model.config, "_attn_implementation", None)
+    if attn is not None:
+        model.set_attn_implementation(attn)
+    if config is not None:
+        slimfit.patch(model, SlimFitConfig.preset(config) if isinstance(config, str) else config)
+    archs.set_frozen(model, frozen)
+    try:
+        yield Setup(model, batch, dtype=dtype, **setup)
+    finally:
+        model.zero_grad(set_to_none=True)
+        if config is not None:
+            slimfit.unpatch(model)
+        archs.set_frozen(model, ())
+        if attn is not None and attn_before is not None:
+            model.set_attn_implementation(attn_before)
+
+
+def peak_columns(result: Result) -> dict:
+    """The step peak and its parts as CSV fields (bytes; empty when not measured)."""
+    p = result.peak
+    names = ("step_peak_bytes", "step_resident_bytes", "peak_weights_bytes", "peak_gradients_bytes",
+             "peak_optimizer_bytes", "peak_saved_bytes", "peak_transient_bytes")
+    if p is None:
+        return dict.fromkeys(names, "")
+    values = (p.total, p.resident, p.weights, p.gradients, p.optimizer_state, p.saved, p.transient)
+    return dict(zip(names, values))
+
+
+PEAK_COLUMNS = tuple(peak_columns(Result()))
