@@ -2,10 +2,9 @@
 from . import kernels
 from .config import AttentionSaving, LinearSampling, SlimFitConfig
 
-# The functions shadow the subpackage name slimfit.patch on purpose (import its
-# modules as `slimfit.patch.<module>` or via sys.modules).
-from .patch import patch, unpatch
-from .patch.compile import compile_regions as compile  # noqa: A001  (slimfit.compile(model): regional torch.compile)
+# slimfit.patch / slimfit.unpatch are the functions; their package is slimfit.patching.
+from .patching import patch, unpatch
+from .patching.compile import compile_regions as compile  # noqa: A001  (slimfit.compile(model): regional torch.compile)
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ import torch
 
 import slimfit
 from slimfit import AttentionSaving, LinearSampling, SlimFitConfig, memory
-from tests.patch.tiny_models import BATCH, build
+from tests.patching.tiny_models import BATCH, build
 
 EXACT = SlimFitConfig.exact()
 ATTENTION = EXACT.with_attention()

@@ -25,7 +25,7 @@ import traceback
 
 import pytest
 import torch
-from patch.tiny_models import build
+from patching.tiny_models import build
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary

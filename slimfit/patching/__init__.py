@@ -29,11 +29,9 @@ from .summary import NOTHING_PATCHED, PatchSummary
 MODEL_STATE = "_slimfit_state"
 
 
-def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modules=None, exclude_modules=None,
-          return_summary: bool = False):
+def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modules=None, exclude_modules=None):
     """Patch `model` in place for `config` (default: SlimFitConfig.paper()) and return it, as peft's
-    get_peft_model does; the summary is `model.slimfit_summary` (or `slimfit.patch.summary(model)`),
-    and `return_summary=True` returns (model, summary).
+    get_peft_model does; what it did is `model.slimfit_summary` (a PatchSummary).
 
     target_modules / exclude_modules (as in peft): a list of names, each matching a module whose
     name is that name or ends with '.' + that name, or one string, a regular expression the whole
@@ -78,7 +76,7 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
     setattr(model, MODEL_STATE, {"config": config, "summary": summary, "sample_ids": holder,
                                  "filters": (target_modules, exclude_modules)})
     model.slimfit_summary = summary
-    return (model, summary) if return_summary else model
+    return model
 
 
 def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep, holder,
@@ -101,7 +99,8 @@ def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: Patch
 
 
 def patch_summary(model: nn.Module) -> PatchSummary | None:
-    """The summary of the patch of `model` (None when `model` is not a patched root)."""
+    """The summary of the patch of `model` itself (None when `model` is not a patched root; unlike
+    `model.slimfit_summary`, a PeftModel does not forward this to the model it wraps)."""
     state = vars(model).get(MODEL_STATE)  # vars: PeftModel forwards unknown attributes to its base model
     return None if state is None else state["summary"]
 
@@ -225,11 +224,5 @@ def unpatch(model: nn.Module) -> nn.Module:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do", stacklevel=2)
     return model
 
-
-# `slimfit.patch` is this function at the package level (slimfit/__init__.py), so the sampling helpers
-# are also reachable from it: slimfit.patch.sample_ids(model, ids), slimfit.patch.norm_caches(model).
-patch.sample_ids = sample_ids
-patch.norm_caches = norm_caches
-patch.summary = patch_summary
 
 __all__ = ["patch", "unpatch", "PatchSummary", "sample_ids", "norm_caches", "patch_summary"]

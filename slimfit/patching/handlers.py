@@ -3,7 +3,7 @@
 A `Handler` is one row: a match predicate (on the module, its class or class name, and the patch
 context: config, family, class knowledge of every family), a reason to leave a matching module alone
 (`skip`), the mixin to assign (`modules.patched_class(type(module), mixin)`), a function building its
-typed options (`slimfit.patch.options`) from the SlimFitConfig, and the summary's mode text. The first
+typed options (`slimfit.patching.options`) from the SlimFitConfig, and the summary's mode text. The first
 handler whose predicate matches takes the module; a module no handler matches is left alone silently.
 
 `HANDLERS` is the built-in table, in the order the kinds are tried; `register(handler, before=...)`

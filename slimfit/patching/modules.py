@@ -4,7 +4,7 @@
 the mixin's forward first in the MRO, so parameters, buffers, state_dict keys and
 isinstance checks stay as they were; unpatching assigns the original class back.
 Per-module options live in the instance attribute `_slimfit` (a frozen dataclass of
-`slimfit.patch.options`: LinearOptions, GELUOptions, ...). When no
+`slimfit.patching.options`: LinearOptions, GELUOptions, ...). When no
 gradient is needed (eval, torch.no_grad) the original forward runs, so inference outputs
 are bit-identical to the unpatched model.
 """

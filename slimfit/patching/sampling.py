@@ -4,7 +4,7 @@ A model patched with `SlimFitConfig.sampling` gets one `SampleIds` holder shared
 linears. The ids of the current batch reach it in one of two ways:
 
     loss = model(**batch, sample_ids=batch_indices).loss        # popped by a root forward pre-hook
-    with slimfit.patch.sample_ids(model, batch_indices):        # or a context manager
+    with slimfit.patching.sample_ids(model, batch_indices):        # or a context manager
         loss = model(**batch).loss
 
 One id per entry of the input's first dimension (the data loader's dataset indices). Without ids
@@ -23,7 +23,7 @@ NORM_CACHE = "_slimfit_norm_cache"
 _NO_IDS_WARNING = (
     "slimfit: sampling (SlimFitConfig.sampling) runs without sample ids, so rows are drawn with p ∝ ‖x‖ only "
     "(no stale gradient norms: the variance of plain CRS, often worse than uniform on padded text). Pass the "
-    "batch's dataset indices: model(**batch, sample_ids=idx) or `with slimfit.patch.sample_ids(model, idx):`."
+    "batch's dataset indices: model(**batch, sample_ids=idx) or `with slimfit.patching.sample_ids(model, idx):`."
 )
 
 
@@ -173,7 +173,7 @@ def sample_ids(model: torch.nn.Module, ids):
     from . import MODEL_STATE
 
     if getattr(model, MODEL_STATE, None) is None:
-        raise RuntimeError("slimfit.patch.sample_ids: the model is not patched (call slimfit.patch first)")
+        raise RuntimeError("slimfit.patching.sample_ids: the model is not patched (call slimfit.patch first)")
     holder = _holder(model)
     if holder is None:  # patched without sampling: nothing reads ids
         yield

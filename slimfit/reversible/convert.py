@@ -22,7 +22,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..patch.modules import patched_class
+from ..patching.modules import patched_class
 from .adapter import Adapter
 from .function import ReversibleStack, coupling, layer_seeds, split_tensors, swap_pair
 from .layouts import SUPPORTED, UnsupportedModel, layout_of_layer

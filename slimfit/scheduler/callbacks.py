@@ -93,7 +93,7 @@ class SlimFitCallback(TrainerCallback):
         if self.config is not None and model is not None:
             # The one place the scheduler package reaches up to the patch layer: the Trainer
             # integration does both jobs, and only when asked to (config=).
-            from slimfit.patch import patch
+            from slimfit.patching import patch
 
             patch(unwrap_model(model), self.config)
         return control

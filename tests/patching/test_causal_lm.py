@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 import slimfit  # noqa: E402
 from slimfit import SlimFitConfig  # noqa: E402
-from slimfit.patch.causal_lm import CAUSAL_LM_OPTIONS  # noqa: E402
+from slimfit.patching.causal_lm import CAUSAL_LM_OPTIONS  # noqa: E402
 from slimfit.scheduler import ILSScheduler  # noqa: E402
 
 from .tiny_models import BATCH, SEQ, build  # noqa: E402
@@ -53,7 +53,8 @@ def _close(a, b):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loss_and_gradients_equal_the_models_own(family):
     model, inputs = _model(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), CHUNKED, return_summary=True)
+    patched = slimfit.patch(copy.deepcopy(model), CHUNKED)
+    summary = patched.slimfit_summary
     assert summary.counts()["causal-lm loss[chunked linear + cross-entropy, 5 rows per chunk (no logits kept; "
                             "logits=None in training)]"] == 1
     model.eval(), patched.eval()  # no dropout; gradients still flow
@@ -150,7 +151,7 @@ def test_unpatch_restores_the_class_forward_and_state_dict():
     assert "forward" not in vars(model) and not hasattr(model, CAUSAL_LM_OPTIONS)
     assert model(**inputs).logits is not None
     # off in exact(): the model's own head
-    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.exact()).slimfit_summary
     assert "forward" not in vars(model) and "causal-lm" not in str(summary)
 
 
@@ -162,7 +163,7 @@ def test_unknown_causal_lm_class_is_left_alone_and_said_so():
 
     model, _ = _model("llama")
     mine = MyLlamaForCausalLM(model.config)
-    _, summary = slimfit.patch(mine, CHUNKED, return_summary=True)
+    summary = slimfit.patch(mine, CHUNKED).slimfit_summary
     assert "forward" not in vars(mine)
     assert any(cls == "MyLlamaForCausalLM" and "keeps its own head and loss" in why for _, cls, why in summary.skipped)
 

@@ -33,12 +33,13 @@ def test_patch_returns_the_model_and_the_summary_lives_on_it():
     model, _ = build("bert")
     out = slimfit.patch(model, SlimFitConfig.paper())
     assert out is model
-    assert slimfit.patch.summary(model) is model.slimfit_summary
+    assert slimfit.patching.patch_summary(model) is model.slimfit_summary
     assert any(kind == "linear" for _, kind, _ in model.slimfit_summary.patched)
-    again, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    again = slimfit.patch(model, SlimFitConfig.paper())
+    summary = again.slimfit_summary
     assert again is model and summary is model.slimfit_summary
     slimfit.unpatch(model)
-    assert slimfit.patch.summary(model) is None and not _slimfit_leftovers(model)
+    assert slimfit.patching.patch_summary(model) is None and not _slimfit_leftovers(model)
 
 
 def test_target_and_exclude_modules_names_and_regex():
@@ -82,7 +83,7 @@ def test_peft_order_does_not_decide_what_is_compressed():
     slimfit.patch(wrapped, config)
     assert sorted(wrapped.slimfit_summary.patched) == sorted(peft_first.slimfit_summary.patched)
     assert any(".lora_A." in n for n, _, _ in wrapped.slimfit_summary.patched)
-    assert slimfit.patch.summary(patched) is None  # the inner record was absorbed, nothing stale
+    assert slimfit.patching.patch_summary(patched) is None  # the inner record was absorbed, nothing stale
     wrapped.eval(), peft_first.eval()
     a = slimfit.memory.measure(wrapped, **inputs)
     b = slimfit.memory.measure(peft_first, **inputs)
@@ -136,7 +137,7 @@ def test_patch_child_then_parent_then_unpatch_leaves_nothing_stale():
     patched = {n for n, _, _ in model.slimfit_summary.patched}
     fresh = {n for n, _, _ in slimfit.patch(reference, SlimFitConfig.paper()).slimfit_summary.patched}
     assert patched == fresh and "bert.encoder.layer.0.attention.self.query" in patched  # complete
-    assert slimfit.patch.summary(child) is None
+    assert slimfit.patching.patch_summary(child) is None
     slimfit.unpatch(model)
     assert not _slimfit_leftovers(model)
     with pytest.raises(RuntimeError, match="another config"):

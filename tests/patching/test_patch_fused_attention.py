@@ -1,5 +1,5 @@
 """Hugging Face models through slimfit's attention routing: the fused path by default
-(slimfit.patch.hf_attention.choose_path), the materializing path where no fused kernel exists."""
+(slimfit.patching.hf_attention.choose_path), the materializing path where no fused kernel exists."""
 from __future__ import annotations
 
 import warnings
@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_leaves
 
 import slimfit
 from slimfit.config import SlimFitConfig
-from slimfit.patch import hf_attention
+from slimfit.patching import hf_attention
 
 
 class LargeAllocations(TorchDispatchMode):
@@ -153,8 +153,6 @@ def test_config_validates_attention_path():
     with pytest.raises(ValueError, match="AttentionSaving.path"):
         SlimFitConfig.paper().with_attention(path="flash")
     assert SlimFitConfig.paper().attention.path == "auto"
-    with pytest.raises(TypeError, match="attention_path is now attention.path"):
-        SlimFitConfig.paper().replace(attention_path="fused")
 
 
 @pytest.mark.parametrize("path, expect_large", [("auto", False), ("materialize", True)])

@@ -9,9 +9,9 @@ from torch import nn
 
 import slimfit
 from slimfit import SlimFitConfig
-from slimfit.patch import families, handlers
-from slimfit.patch.modules import OPTIONS, ORIGINAL_CLASS
-from slimfit.patch.options import ActivationOptions, LinearOptions, NormOptions
+from slimfit.patching import families, handlers
+from slimfit.patching.modules import OPTIONS, ORIGINAL_CLASS
+from slimfit.patching.options import ActivationOptions, LinearOptions, NormOptions
 
 
 class ToyRMSNorm(nn.Module):  # LlamaRMSNorm's formula

@@ -38,7 +38,8 @@ ACTIVATIONS_ONLY = SlimFitConfig(silu_bits=4, layernorm="int8", layernorm_frozen
 @pytest.mark.parametrize("family", LLAMAS)
 def test_training_forward_bit_exact_and_summary(family):
     model, inputs = build(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), ACTIVATIONS_ONLY, return_summary=True)
+    patched = slimfit.patch(copy.deepcopy(model), ACTIVATIONS_ONLY)
+    summary = patched.slimfit_summary
     counts = summary.counts()
     assert counts["swiglu[gate and up 4-bit]"] == 2
     assert counts["rmsnorm[int8/topk when frozen]"] == 5  # 2 per layer + the final norm
@@ -56,7 +57,7 @@ def test_training_forward_bit_exact_and_summary(family):
 @pytest.mark.parametrize("family", LLAMAS)
 def test_exact_leaves_swiglu_and_rmsnorm_alone(family):
     model, _ = build(family)
-    _, summary = slimfit.patch(model, SlimFitConfig.exact(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.exact()).slimfit_summary
     reasons = {(cls, reason) for _, cls, reason in summary.skipped}
     mlp = f"{'Qwen2' if family == 'qwen2' else family.capitalize()}MLP"
     norm = mlp.replace("MLP", "RMSNorm")
@@ -118,7 +119,7 @@ def test_non_silu_mlp_is_left_alone_and_said_so():
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=64, hidden_act="gelu")
     model = transformers.LlamaForCausalLM(cfg)
-    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     reasons = [reason for _, cls, reason in summary.skipped if cls == "LlamaMLP"]
     assert reasons and "act_fn is GELUActivation, not SiLU" in reasons[0]
     assert summary.counts().get("gelu[4-bit input (none)]") == 1  # its activation is patched on its own
@@ -128,13 +129,13 @@ def test_non_silu_mlp_is_left_alone_and_said_so():
 def test_generic_silu_module():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.SiLU(), torch.nn.Linear(64, 4))
     ref = copy.deepcopy(model)
-    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     assert summary.counts()["silu[4-bit input]"] == 1
     x = torch.randn(8, 16)
     assert torch.equal(model(x), ref(x))
     model[0].weight.requires_grad_(False)
-    assert memory.measure(model, x).per_module["1"] == q_bytes(8 * 64, 4)
-    _, summary = slimfit.patch(torch.nn.Sequential(torch.nn.SiLU()), SlimFitConfig.exact(), return_summary=True)
+    assert memory.measure(model, x, loss_fn=lambda out: out.sum()).per_module["1"] == q_bytes(8 * 64, 4)
+    summary = slimfit.patch(torch.nn.Sequential(torch.nn.SiLU()), SlimFitConfig.exact()).slimfit_summary
     assert summary.skipped == [("0", "SiLU", "silu_bits=None")]
 
 
@@ -147,7 +148,7 @@ def test_unknown_rmsnorm_variant_is_reported():
         def forward(self, x):
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + self.weight)
 
-    _, summary = slimfit.patch(torch.nn.Sequential(GemmaLikeRMSNorm()), SlimFitConfig.paper(), return_summary=True)
+    summary = slimfit.patch(torch.nn.Sequential(GemmaLikeRMSNorm()), SlimFitConfig.paper()).slimfit_summary
     assert summary.skipped[0][1] == "GemmaLikeRMSNorm" and "does not know" in summary.skipped[0][2]
 
 
@@ -155,7 +156,8 @@ def test_unknown_rmsnorm_variant_is_reported():
 @pytest.mark.parametrize("family", ["vit", "dinov2"])
 def test_frozen_patch_embedding_saves_nothing_and_exact_gradients(family):
     model, inputs = build(family)
-    patched, summary = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact(), return_summary=True)
+    patched = slimfit.patch(copy.deepcopy(model), SlimFitConfig.exact())
+    summary = patched.slimfit_summary
     assert summary.counts()["conv[frozen fast path (trainable: as PyTorch)]"] == 1
     model.eval(), patched.eval()
     for m in (model, patched):

@@ -22,7 +22,7 @@ _CHILD = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 model = torch.load({path!r}, weights_only=False)
-from patch.tiny_models import build
+from patching.tiny_models import build
 _, inputs = build("bert")
 model.train()
 torch.manual_seed(3)

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import slimfit  # noqa: E402
 from slimfit import LinearSampling, SlimFitConfig, memory  # noqa: E402
 from slimfit.autograd import wta_crs as W  # noqa: E402
-from slimfit.patch import norm_caches, sample_ids  # noqa: E402
+from slimfit.patching import norm_caches, sample_ids  # noqa: E402
 
 from .tiny_models import BATCH, SEQ, build  # noqa: E402
 
@@ -53,16 +53,6 @@ def test_config_errors(changes, match):
         SlimFitConfig.exact().with_sampling(**changes)
 
 
-@pytest.mark.parametrize("old, new", [("linear_sampling", "method"), ("sample_ratio", "ratio"),
-                                      ("sample_min_rows", "min_rows"), ("sample_targets", "targets"),
-                                      ("sample_norms", "norms")])
-def test_old_flat_keywords_name_the_nested_field(old, new):
-    with pytest.raises(TypeError, match=f"{old} is now sampling.{new}.*with_sampling\\({new}=...\\)"):
-        SlimFitConfig(**{old: getattr(LinearSampling(), new)})
-    with pytest.raises(TypeError, match=f"{old} is now sampling.{new}"):
-        SAMPLED.replace(**{old: getattr(LinearSampling(), new)})
-
-
 def test_preset_and_recipe():
     cfg = SlimFitConfig.wta_crs()
     assert cfg == SlimFitConfig.paper().replace(sampling=LinearSampling(method="wta_crs", ratio=0.3))
@@ -85,7 +75,7 @@ def test_preset_and_recipe():
 ])
 def test_family_targets_never_qkv(family, expected):
     model, _ = build(family)
-    _, summary = slimfit.patch(model, SAMPLED, return_summary=True)
+    summary = slimfit.patch(model, SAMPLED).slimfit_summary
     names = _sampled_names(summary)
     assert len(names) == 2 * len(expected)  # two layers
     assert {n.split(".", 3 if family in ("bert", "distilbert") else 2)[-1].split(".", 1)[-1] for n in names} == expected
@@ -94,10 +84,10 @@ def test_family_targets_never_qkv(family, expected):
 
 def test_generic_model_needs_all_targets():
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-    _, summary = slimfit.patch(copy.deepcopy(net), SAMPLED, return_summary=True)
+    summary = slimfit.patch(copy.deepcopy(net), SAMPLED).slimfit_summary
     assert not _sampled_names(summary)
     assert any(name == "<sampling>" and "targets='all'" in why for name, _, why in summary.skipped)
-    _, summary = slimfit.patch(net, SAMPLED.with_sampling(targets="all"), return_summary=True)
+    summary = slimfit.patch(net, SAMPLED.with_sampling(targets="all")).slimfit_summary
     assert _sampled_names(summary) == ["0", "2"]
 
 
@@ -185,7 +175,7 @@ def test_sample_ids_keyword_and_context_manager_fill_the_caches():
     with sample_ids(model, [40, 41, 42]):
         model(**inputs).loss.backward()
     assert all(c.num_seen() == 2 * BATCH for c in caches.values())
-    assert slimfit.patch.sample_ids is sample_ids  # reachable from the function too
+    assert not hasattr(slimfit.patch, "sample_ids")  # a function carries no attributes: slimfit.patching.sample_ids
 
 
 def test_warns_once_without_ids_and_on_mismatched_ids():
@@ -283,7 +273,7 @@ def test_lora_samples_lora_a_of_targets_only():
     model, inputs = build("bert")
     cfg = peft.LoraConfig(r=4, target_modules=["query", "dense"], lora_dropout=0.0)
     lora = peft.get_peft_model(model, cfg)
-    _, summary = slimfit.patch(lora, SAMPLED, return_summary=True)
+    summary = slimfit.patch(lora, SAMPLED).slimfit_summary
     names = _sampled_names(summary)
     assert names and all(n.endswith((".lora_A.default", ".base_layer")) for n in names)
     assert not any(".query." in n for n in names)  # Q is never a target

@@ -1,5 +1,5 @@
 """PyTorch's own attention (nn.MultiheadAttention in nn.TransformerEncoder, modules calling
-F.scaled_dot_product_attention directly) through slimfit's paths (slimfit/patch/torch_attention.py)."""
+F.scaled_dot_product_attention directly) through slimfit's paths (slimfit/patching/torch_attention.py)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from torch import nn
 import slimfit
 from slimfit.config import AttentionSaving, SlimFitConfig
 from slimfit.memory import measure
-from slimfit.patch import torch_attention
+from slimfit.patching import torch_attention
 
 
 class DirectSDPABlock(nn.Module):
@@ -88,7 +88,7 @@ def test_forward_exact_grads_close_and_fused(build, kwargs, monkeypatch):
         kwargs = {"mask": nn.Transformer.generate_square_subsequent_mask(40), "is_causal": True}
     ref, g_ref = grads(model, x, **kwargs)
     plain = measure(lambda: model(x.clone().requires_grad_(), **kwargs).sum(), backward=False).total
-    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     assert any(name == "<sdpa>" for name, _, _ in summary.patched)
     count = Count(monkeypatch)
     out, g = grads(model, x, **kwargs)

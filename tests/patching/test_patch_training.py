@@ -73,7 +73,7 @@ def test_lora_exact_gradients_and_aggressive_memory():
     cfg = peft.LoraConfig(r=4, target_modules=["query", "value"], lora_dropout=0.0)
     plain = peft.get_peft_model(model, cfg)
     lora = copy.deepcopy(plain)  # same adapter initialisation
-    _, summary = slimfit.patch(lora, SlimFitConfig.exact(), return_summary=True)
+    summary = slimfit.patch(lora, SlimFitConfig.exact()).slimfit_summary
     assert any(name.endswith("base_layer") for name, kind, _ in summary.patched if kind == "linear")
     plain.eval(), lora.eval()
     # PyTorch itself saves no input for a frozen linear, so exact() saves the same bytes here...
@@ -121,7 +121,7 @@ def test_generic_fallback_on_custom_module():
                                 torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
     x = torch.randn(8, 16)
     ref = copy.deepcopy(model).eval()
-    _, summary = slimfit.patch(model, SlimFitConfig.paper(), return_summary=True)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     assert summary.family == "generic"
     kinds = {kind for _, kind, _ in summary.patched}
     assert {"linear", "gelu", "dropout", "layernorm"} <= kinds

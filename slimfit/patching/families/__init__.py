@@ -65,7 +65,7 @@ def all_families() -> tuple:
 def register(family: Family) -> Family:
     """Add a family (or class knowledge) at run time; returns it. `unregister` undoes it."""
     if not isinstance(family, Family):
-        raise TypeError(f"slimfit.patch.families.register expects a Family, got {type(family).__name__}")
+        raise TypeError(f"slimfit.patching.families.register expects a Family, got {type(family).__name__}")
     _registered.append(family)
     return family
 
