@@ -16,8 +16,9 @@ What is measured for a row (`measure`):
           after the first; weights, gradients, optimizer state, saved and transient bytes at the peak;
   timing  the median time of that step without any hook or tracking (bench/_timing.py), after the measured
           step (its warm-up).
-The optimizer is AdamW over the parameters that require grad, at lr 0 unless the setup brings its own: the
-step does all of AdamW's work and the weights stay as they were, so the rows of one model compare.
+The optimizer is AdamW over the parameters that require grad (a slimfit row with a frozen set: over every
+parameter, as under the scheduler, whose frozen layers keep their state), at lr 0 unless the setup brings its
+own: the step does all of AdamW's work and the weights stay as they were, so the rows of one model compare.
 """
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ class Setup:
     after_step: Callable[[], Any] | None = None  # a scheduler's step
     extra: Callable[[], dict] | None = None    # fresh keyword arguments for each forward (WTA-CRS sample ids)
     seed: int = 0
+    scheduled: bool = False                    # the frozen layers are a scheduler's: AdamW keeps their state
 
     def get_optimizer(self):
         if self.optimizer is None:
-            self.optimizer = archs.adamw(self.model)
+            self.optimizer = archs.adamw(self.model, every_parameter=self.scheduled)
         return self.optimizer
 
     def batch(self) -> dict:
@@ -174,12 +176,15 @@ def configured(model, batch: dict, *, config=None, frozen: Iterable[str] = (), a
     import slimfit
     from slimfit.config import SlimFitConfig
 
+    frozen = list(frozen)
     attn_before = getattr(model.config, "_attn_implementation", None)
     if attn is not None:
         model.set_attn_implementation(attn)
     if config is not None:
         slimfit.patch(model, SlimFitConfig.preset(config) if isinstance(config, str) else config)
     archs.set_frozen(model, frozen)
+    # a slimfit row's frozen set stands for the scheduler's, whose frozen layers keep their AdamW state
+    setup.setdefault("scheduled", config is not None and bool(frozen))
     try:
         yield Setup(model, batch, dtype=dtype, **setup)
     finally:

@@ -216,22 +216,24 @@ def measure_step(model, inputs: dict, *, dtype: str = "fp32", seed: int = 0, nam
     return result
 
 
-def adamw(model, lr: float = 0.0):
-    """AdamW over the parameters that require grad. lr=0 by default: a measured step does all of AdamW's
-    work (moments, temporaries) and leaves the weights as they were."""
+def adamw(model, lr: float = 0.0, every_parameter: bool = False):
+    """AdamW over the parameters that require grad, or over every parameter (`every_parameter`: a model
+    trained under the scheduler, whose frozen layers keep their optimizer state). lr=0 by default: a
+    measured step does all of AdamW's work (moments, temporaries) and leaves the weights as they were."""
     import torch
 
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    return torch.optim.AdamW([p for p in model.parameters() if every_parameter or p.requires_grad], lr=lr)
 
 
 def prime_optimizer(optimizer) -> None:
     """Create the optimizer's lazy state (AdamW's moments) without a forward or backward: one step on zero
     gradients for the parameters that have no state yet, then the gradients dropped. A step measured after
-    this finds the state resident, as every step after the first does."""
+    this finds the state resident, as every step after the first does; that includes the parameters frozen
+    now: under a scheduler every layer has trained at some step, and the optimizer keeps its state."""
     import torch
 
     params = [p for g in optimizer.param_groups for p in g["params"]
-              if p.requires_grad and p.grad is None and not optimizer.state.get(p)]
+              if p.grad is None and not optimizer.state.get(p)]
     if not params:
         return
     for p in params:
@@ -242,16 +244,18 @@ def prime_optimizer(optimizer) -> None:
 
 
 def measure_step_peak(model, inputs: dict, *, dtype: str = "fp32", optimizer=None, seed: int = 0,
-                      extra: dict | None = None, after_step=None, prime: bool = True, name: str = ""):
+                      extra: dict | None = None, after_step=None, prime: bool = True, name: str = "",
+                      scheduled: bool = False):
     """slimfit.step_memory.measure_step of one whole training step: forward (autocast for bf16, dropout
     seeded), backward, optimizer step, zero_grad (+ after_step). The optimizer defaults to `adamw(model)`
-    (lr 0), primed so that its state is resident as in any step after the first (prime=False: the first
-    step, state created inside it). Returns a StepMemory."""
+    (lr 0; `scheduled`: over every parameter, as under the scheduler, whose frozen layers keep their state),
+    primed so that its state is resident as in any step after the first (prime=False: the first step, state
+    created inside it). Returns a StepMemory."""
     import torch
 
     from . import step_memory
 
-    optimizer = adamw(model) if optimizer is None else optimizer
+    optimizer = adamw(model, every_parameter=scheduled) if optimizer is None else optimizer
     if prime:
         prime_optimizer(optimizer)
     model.zero_grad(set_to_none=True)
