@@ -1,0 +1,344 @@
+#!/usr/bin/env python
+"""The memory/time frontier: the total step peak against the step time of slimfit and of what a user would
+run instead, measured in one run, one table per model and shape.
+
+    python -m bench.frontier                       # CPU: BERT-base batch 16 seq 128, SmolLM2-135M-shaped batch 1
+                                                   # seq 2048; appends to bench/results/frontier_cpu.csv (resumable:
+                                                   # rows already there are skipped), rewrites .md and .png
+    python -m bench.frontier --cases bert-64,smollm2-8192
+    python -m bench.frontier --quick               # 2-layer models, tiny shapes, every method: writes nothing
+    python -m bench.frontier --render-only         # the Markdown and PNG again from the CSV
+
+Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every row sees the same weights):
+  sdpa                  full fine-tuning, PyTorch's SDPA attention (the transformers default)
+  grad-ckpt             sdpa + gradient checkpointing of every layer (use_reentrant=False)
+  lora-r8               PEFT LoRA r=8 on the attention query/value projections, base frozen
+  lora-r8+ckpt          LoRA r=8 + gradient checkpointing (the usual LLM recipe)
+  adamw8bit-torchao     full fine-tuning with torchao's AdamW8bit (block-wise 8-bit moments)
+  adamw8bit-bnb         full fine-tuning with bitsandbytes' AdamW8bit
+  badam                 BAdam's BlockOptimizer: one transformer block trains at a time (state for it only)
+  cce                   (decoders) Apple's cut-cross-entropy for the LM head (impl torch_compile on the CPU)
+  slimfit-exact / -paper / -aggressive   slimfit.patch(preset) + ILSScheduler at its default rate (0.7),
+                        AdamW over every parameter (a frozen layer keeps the state it made when it trained)
+  slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
+  slimfit-paper+lora+ckpt  the same with gradient checkpointing
+  slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
+Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
+A peer that cannot run here is a row with its error.
+
+Measured per row (bench/_measure.py): the total step peak of one whole step (slimfit.step_memory; optimizer
+state made beforehand, as in every step after the first), its parts, and the median step time. The frontier
+check: for every peer row, the slimfit rows with no more peak and no more step time; where none exists the
+table says so.
+"""
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # file form: python bench/frontier.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import sys
+import types
+
+import torch
+
+from bench import _measure, _results, _timing
+from slimfit import architectures as archs
+
+MiB = 2 ** 20
+LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]
+CASES = {  # name -> (architecture, batch, seq)
+    "bert-16": ("bert-base", 16, 128), "bert-64": ("bert-base", 64, 128),
+    "smollm2-2048": ("smollm2-135m", 1, 2048), "smollm2-8192": ("smollm2-135m", 1, 8192),
+}
+DEFAULT_CASES = "bert-16,smollm2-2048"
+FIELDS = ["case", "model", "batch", "seq", "method", "status", "step_peak_mib", "resident_mib", "weights_mib",
+          "gradients_mib", "optimizer_mib", "saved_mib", "transient_mib", "step_s", "reps", "device_name", "torch",
+          "date", "commit"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    ckpt: bool = False
+    lora: bool = False
+    optimizer: str = "adamw"      # adamw | torchao8 | bnb8 | badam
+    preset: str | None = None     # slimfit preset, with the scheduler unless lora
+    cce: bool = False
+    decoder_only: bool = False
+
+    @property
+    def slimfit(self) -> bool:
+        return self.preset is not None
+
+
+METHODS = {
+    "sdpa": Method(), "grad-ckpt": Method(ckpt=True), "lora-r8": Method(lora=True),
+    "lora-r8+ckpt": Method(lora=True, ckpt=True), "adamw8bit-torchao": Method(optimizer="torchao8"),
+    "adamw8bit-bnb": Method(optimizer="bnb8"), "badam": Method(optimizer="badam"),
+    "cce": Method(cce=True, decoder_only=True),
+    "slimfit-exact": Method(preset="exact"), "slimfit-paper": Method(preset="paper"),
+    "slimfit-aggressive": Method(preset="aggressive"), "slimfit-paper+lora": Method(preset="paper", lora=True),
+    "slimfit-paper+lora+ckpt": Method(preset="paper", lora=True, ckpt=True),
+    "slimfit-paper+adamw8bit": Method(preset="paper", optimizer="torchao8"),
+}
+
+
+# ------------------------------------------------------------------ one method's model and optimizer
+def _checkpointing(model) -> None:
+    model.config.use_cache = False
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _lora(model, arch):
+    from peft import LoraConfig, get_peft_model
+
+    head = ["classifier"] if arch.task != archs.CAUSAL_LM else None
+    return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                                            modules_to_save=head))
+
+
+def _optimizer(method: Method, model, params):
+    if method.optimizer == "torchao8":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(params, lr=0.0)
+    if method.optimizer == "bnb8":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=0.0)
+    if method.optimizer == "badam":
+        from badam import BlockOptimizer
+
+        base = torch.optim.AdamW(params, lr=0.0)
+        return BlockOptimizer(base_optimizer=base, named_parameters_list=list(model.named_parameters()),
+                              block_prefix_list=_blocks(model), switch_block_every=50, switch_mode="ascending",
+                              verbose=0)
+    return torch.optim.AdamW(params, lr=0.0)
+
+
+def _blocks(model) -> list:
+    """BAdam's blocks: the transformer layers, one prefix each (the first nn.ModuleList of 2+ modules)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            return [[f"{name}.{i}."] for i in range(len(module))]
+    raise ValueError("BAdam: no nn.ModuleList of layers in this model")
+
+
+class _CutCrossEntropy(torch.nn.Module):
+    """A causal LM whose loss is cut-cross-entropy's linear + cross-entropy on the last hidden states."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        self.config = lm.config
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
+        from cut_cross_entropy import linear_cross_entropy
+
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        head = self.lm.get_output_embeddings()
+        loss = linear_cross_entropy(hidden[:, :-1], head.weight, labels[:, 1:], impl="torch_compile")
+        return types.SimpleNamespace(loss=loss)
+
+
+@contextlib.contextmanager
+def method_setup(arch, method: Method, batch: int, seq: int):
+    """A _measure.Setup of one method on a fresh model: built, wrapped, patched, with its optimizer and the
+    scheduler's step."""
+    import slimfit
+    from slimfit.config import SlimFitConfig
+
+    model = archs.build(arch, attn_implementation="sdpa", seed=0)
+    inputs = archs.make_inputs(model, arch.task, batch, seq, None, seed=0)
+    if method.ckpt:
+        _checkpointing(model)
+    if method.lora:
+        model = _lora(model, arch)
+    if method.cce:
+        model = _CutCrossEntropy(model)
+    scheduler = None
+    if method.slimfit:
+        slimfit.patch(model, SlimFitConfig.preset(method.preset))
+        if not method.lora:
+            from slimfit.scheduler import ILSScheduler
+
+            scheduler = ILSScheduler(model, seed=0)
+    params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
+    optimizer = _optimizer(method, model, params)
+    if scheduler is not None:
+        scheduler.attach_optimizer(optimizer)
+    try:
+        yield _measure.Setup(model, inputs, optimizer=optimizer,
+                             after_step=scheduler.step if scheduler is not None else None)
+    finally:
+        del model, optimizer, scheduler
+
+
+# ------------------------------------------------------------------ measuring and the table
+def measure_row(case: str, method_name: str, args) -> dict:
+    arch_name, batch, seq = args.case_shapes[case]
+    arch = archs.resolve(arch_name)
+    if args.quick:
+        arch = dataclasses.replace(arch, config={**arch.config, "num_hidden_layers": 2})
+    versions = _results.versions()
+    row = {"case": case, "model": arch.name, "batch": batch, "seq": seq, "method": method_name, "status": "ok",
+           "device_name": _results.device_name("cpu"), "torch": versions["torch"], "date": _results.now(),
+           "commit": _results.commit_label()}
+    settings = _timing.Settings(cpu_warmup=0, cpu_min_reps=args.repeats, cpu_min_time_s=0.0,
+                                cpu_max_reps=args.repeats, cpu_slow_min_reps=args.repeats)
+    case_ = _measure.Case(method_name, lambda: method_setup(arch, METHODS[method_name], batch, seq))
+    try:
+        (_, result), = _measure.run([case_], _measure.What(saved=False, time=settings))
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is a row saying why
+        if not _compiled_inside(exc):
+            row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            return row
+        # torch.compile inside the step stops under the CPU tracker's dispatch mode: time only
+        row["status"] = "step peak not measurable on the CPU (torch.compile inside the step); time only"
+        torch._dynamo.reset()  # the failed attempt under the tracker marked its frames as skipped
+        (_, result), = _measure.run([case_], _measure.What(saved=False, peak=False, time=settings))
+        row["step_s"], row["reps"] = round(result.timing.ms / 1e3, 3), result.timing.reps
+        return row
+    for field, part in (("step_peak_mib", "peak"), ("resident_mib", "resident"), ("weights_mib", "weights"),
+                        ("gradients_mib", "gradients"), ("optimizer_mib", "optimizer_state"),
+                        ("saved_mib", "saved_at_peak"), ("transient_mib", "transient")):
+        row[field] = round(result.mib(part), 2)
+    row["step_s"], row["reps"] = round(result.timing.ms / 1e3, 3), result.timing.reps
+    return row
+
+
+def _compiled_inside(exc: Exception) -> bool:
+    return "torch.compile" in str(exc) or type(exc).__module__.startswith("torch._dynamo")
+
+
+def _num(row: dict, field: str) -> float | None:
+    try:
+        return float(row[field])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def dominating(peer: dict, rows: list[dict]) -> list[dict]:
+    """The slimfit rows of the peer's case with no more step peak and no more step time than the peer."""
+    peak, time = _num(peer, "step_peak_mib"), _num(peer, "step_s")
+    if peak is None or time is None:
+        return []
+    return [r for r in rows if r["case"] == peer["case"] and r["method"].startswith("slimfit")
+            and _num(r, "step_peak_mib") is not None and _num(r, "step_peak_mib") <= peak
+            and _num(r, "step_s") <= time]
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    lines = [header, ""]
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = [r for r in rows if r["case"] == case]
+        base = next((r for r in mine if r["method"] == "sdpa" and _num(r, "step_peak_mib")), None)
+        first = mine[0]
+        lines += [f"## {first['model']}, batch {first['batch']}, seq {first['seq']}", ""]
+        body = []
+        for r in sorted(mine, key=lambda r: (_num(r, "step_peak_mib") is None, _num(r, "step_peak_mib") or 0)):
+            peak, time = _num(r, "step_peak_mib"), _num(r, "step_s")
+            if peak is None:
+                shown = f"{time:.2f}" if time is not None else "-"
+                body.append([r["method"], "-", "-", shown, "-", "-", r["status"]])
+                continue
+            vs = f"{_num(base, 'step_peak_mib') / peak:.2f}x" if base else "-"
+            tvs = f"{time / _num(base, 'step_s'):.2f}x" if base else "-"
+            beaten = "" if r["method"].startswith("slimfit") else (
+                ", ".join(d["method"] for d in dominating(r, mine)) or "**none**")
+            body.append([r["method"], f"{peak:,.0f}", vs, f"{time:.2f}", tvs, f"{_num(r, 'optimizer_mib'):,.0f}",
+                         beaten])
+        lines += _results.md_table(["method", "step peak MiB", "less than sdpa", "step s", "time vs sdpa",
+                                    "optimizer MiB", "slimfit rows with no more peak and time"], body,
+                                   right=range(1, 6))
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        for r in (r for r in rows if r["case"] == case and _num(r, "step_peak_mib")):
+            mine = r["method"].startswith("slimfit")
+            ax.scatter(_num(r, "step_s"), _num(r, "step_peak_mib"), marker="o" if mine else "x",
+                       color="tab:blue" if mine else "tab:gray")
+            ax.annotate(r["method"], (_num(r, "step_s"), _num(r, "step_peak_mib")), fontsize=7)
+        ax.set_title(case)
+        ax.set_xlabel("step time (s)")
+        ax.set_ylabel("total step peak (MiB)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------ command line
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of the methods above")
+    p.add_argument("--repeats", type=int, default=2, help="timed steps per row (median)")
+    p.add_argument("--quick", action="store_true", help="2-layer models, batch 2, seq 32; writes nothing")
+    p.add_argument("--render-only", action="store_true", help="the Markdown and PNG again from the CSV")
+    p.add_argument("--out", default=None, help="results folder (default bench/results)")
+    return p
+
+
+def _header(args) -> str:
+    return (f"# The memory/time frontier ({_results.device_name('cpu')})\n\n"
+            f"`{_results.command('frontier', ['--cases', args.cases])}`; rows from frontier_cpu.csv "
+            "(each row measured in its own model; step time is the median of the timed steps of that row, so "
+            "compare times within one table, measured in one run). Methods: bench/frontier.py's docstring.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.case_shapes = dict(CASES)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [c for c in cases if c not in CASES] + [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown case(s)/method(s): {unknown}")
+    if args.quick:
+        args.case_shapes = {c: (a, 2, 32) for c, (a, _, _) in CASES.items()}
+        args.repeats = 1
+    csv_path = _results.results_path("frontier", "csv", "cpu", args.out)
+    done = [] if args.quick or not os.path.exists(csv_path) else _results.read_rows(csv_path)
+    if not args.render_only:
+        for case in cases:
+            for name in methods:
+                if METHODS[name].decoder_only and not CASES[case][0].startswith("smollm"):
+                    continue
+                if any(r["case"] == case and r["method"] == name for r in done):
+                    continue
+                row = measure_row(case, name, args)
+                print(f"{case:14s} {name:26s} {row.get('step_peak_mib', '-')!s:>10} MiB "
+                      f"{row.get('step_s', '-')!s:>8} s  {row['status']}", flush=True)
+                done.append(row)
+                if not args.quick:
+                    _results.append_row(csv_path, row, FIELDS)
+    text = markdown([r for r in done if r["case"] in cases or args.render_only], _header(args))
+    print(text)
+    if not args.quick:
+        _results.write_text(_results.results_path("frontier", "md", "cpu", args.out), text)
+        plot(done, _results.results_path("frontier", "png", "cpu", args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
