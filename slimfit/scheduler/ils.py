@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from . import budget as _budget
 from .candidates import (
@@ -211,6 +213,7 @@ class ILSScheduler:
         self._closed = False
         self._idle_calls = 0  # step() calls in a row that followed no optimizer step
         self._warned_idle = False
+        self._frozen_set_hooks: OrderedDict = OrderedDict()  # register_frozen_set_hook
 
     # ------------------------------------------------------------------ public API
     @property
@@ -291,6 +294,32 @@ class ILSScheduler:
         if self._pending:
             self.apply()
         return self._guard
+
+    def register_frozen_set_hook(self, hook) -> RemovableHandle:
+        """Call ``hook(frozen, trained)`` (two lists of parameters) every time a frozen set is applied to
+        ``requires_grad``: the first one when training starts, then in every ``step()`` right after the next
+        step's set is chosen, after ``load_state_dict``, and at ``close()`` (nothing frozen). Called at once
+        when a set is applied already. For code that keeps per-layer state in step with the schedule (e.g.
+        slimfit.optim's compressed or offloaded optimizer state of frozen layers); the scheduler knows nothing
+        of what the hook does. Returns a handle whose ``remove()`` unregisters it."""
+        if not callable(hook):
+            raise TypeError(f"register_frozen_set_hook: hook must be a callable (frozen, trained) -> None, "
+                            f"got {type(hook).__name__}")
+        handle = RemovableHandle(self._frozen_set_hooks)
+        self._frozen_set_hooks[handle.id] = hook
+        if not self._pending and not self._closed:
+            hook(*self._frozen_and_trained())
+        return handle
+
+    def _frozen_and_trained(self) -> tuple[list, list]:
+        flags = self._trained.tolist()
+        return ([p for p, t in zip(self.params, flags) if not t], [p for p, t in zip(self.params, flags) if t])
+
+    def _run_frozen_set_hooks(self) -> None:
+        if self._frozen_set_hooks:
+            frozen, trained = self._frozen_and_trained()
+            for hook in list(self._frozen_set_hooks.values()):
+                hook(frozen, trained)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -405,6 +434,8 @@ class ILSScheduler:
             self._guard = None
         self._snap = {}
         self._trained[:] = True
+        self._run_frozen_set_hooks()   # nothing frozen: hooks put back what they held
+        self._frozen_set_hooks.clear()
         self._closed = True
 
     def __repr__(self) -> str:
@@ -532,6 +563,7 @@ class ILSScheduler:
                 p.requires_grad_(t)
             if not t and p.grad is not None:
                 p.grad = None
+        self._run_frozen_set_hooks()
 
     @torch.no_grad()
     def _snapshot(self, refresh: bool = True) -> None:

@@ -1,0 +1,25 @@
+"""Optimizer-side memory: what AdamW costs beyond the weights, gradients and activations (docs/optim.md).
+
+Two opt-in tools, usable together:
+
+  frozen state     ``attach_frozen_state(scheduler, optimizer, mode="compress" | "offload")``: while the
+                   scheduler keeps a layer frozen, its optimizer state is held 8-bit (3.76x fewer bytes) or on
+                   the host, and put back when the scheduler picks the layer to train (frozen_state.py;
+                   codec.py: the 8-bit format and its error bounds; transfer.py: host copies).
+  step in backward ``step_in_backward(model, torch.optim.AdamW, lr=...)``: each parameter is updated by its
+                   own optimizer as soon as its gradient is ready, and the gradient freed (in_backward.py):
+                   the whole model's gradients and the multi-tensor optimizer's temporaries are never alive
+                   at once.
+
+The scheduler (slimfit.scheduler, pure Python) knows nothing of this package: FrozenState registers a
+callback with ``ILSScheduler.register_frozen_set_hook``.
+"""
+from .checkpoint import restore_state
+from .codec import decode, encode, encoded_nbytes
+from .frozen_state import MODES, FrozenState, attach_frozen_state
+from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
+
+__all__ = [
+    "FrozenState", "attach_frozen_state", "MODES", "restore_state", "encode", "decode", "encoded_nbytes",
+    "InBackwardOptimizer", "step_in_backward", "CLIPPING_OPTIONS",
+]

@@ -1,0 +1,231 @@
+"""Optimizer state of frozen layers, not resident in full while they are frozen.
+
+A layer the scheduler freezes keeps its optimizer state (AdamW: ``exp_avg`` and ``exp_avg_sq``, 8 bytes
+per parameter in fp32) so that it resumes with its moments when it trains again. While it is frozen
+nothing reads that state, so:
+
+  mode="compress"  each moment becomes an 8-bit entry (codec.py: slimfit's quantize, per-group min/max,
+                   group 128, stochastic rounding from a seed; a second moment through its square root,
+                   never restored below what rounding could have lost): 3.76x fewer bytes. Lossy.
+  mode="offload"   each state tensor moves to host memory (transfer.py: pinned, asynchronous, on a side
+                   stream on CUDA) and is copied back when the layer is chosen to train next; the optimizer
+                   step waits for that copy on the device, not on the host. Lossless. On the CPU the "host"
+                   copy is just another storage (nothing is saved; the path exists to test the logic).
+
+The state stays in ``optimizer.state[p]`` under new keys (``exp_avg@slimfit_q8``: the encoded entry,
+``exp_avg@slimfit_host``: the host tensor), so checkpoints carry it, ``slimfit.step_memory`` counts it as
+optimizer state, and the scheduler's ``release_state_after`` drops it like any state. Restoring puts the
+original keys back right when the scheduler picks the layer for the next step (its frozen-set hook), so the
+layer's next optimizer step sees ordinary tensors. A parameter that reaches an optimizer step with its state
+still held and a gradient is restored just before that step when it requires grad (a frozen set changed by
+hand); when it is frozen (a zero-filled gradient) its gradient is dropped instead, as the scheduler's guard does.
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt)
+    frozen_state = attach_frozen_state(sched, opt, mode="compress")
+
+Off by default (opt-in): what compressed state does to accuracy has to be measured on the accuracy
+protocols before it can become a default (docs/optim.md).
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from slimfit.scheduler.optim import unwrap_optimizer
+
+from . import checkpoint, codec
+from .keys import HOST, Q8, base_key, held_key
+from .moments import compress_transform, offloadable
+from .transfer import transfer_for
+
+__all__ = ["FrozenState", "attach_frozen_state", "MODES"]
+
+MODES = ("compress", "offload")
+
+
+def _check_options(mode, group_size, seed) -> None:
+    if mode not in MODES:
+        raise ValueError(f"FrozenState: mode must be one of {MODES}, got {mode!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
+        raise ValueError(f"FrozenState: group_size must be a positive int (128: 8 bytes of scale and offset per "
+                         f"128 elements), got {group_size!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**62:
+        raise ValueError(f"FrozenState: seed must be an int in [0, 2**62), got {seed!r}")
+
+
+class FrozenState:
+    """Holds the optimizer state of frozen parameters compressed or on the host (see the module docstring).
+
+    ``freeze(params)`` / ``thaw(params)`` do it by hand; ``attach(scheduler)`` has the scheduler call them
+    through its frozen-set hook; ``restore_all()`` puts every state back; ``remove()`` restores and detaches.
+    """
+
+    def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
+                 seed: int = 0):
+        _check_options(mode, group_size, seed)
+        self.optimizer = unwrap_optimizer(optimizer)
+        self.mode, self.group_size, self.stochastic, self.seed = mode, int(group_size), bool(stochastic), int(seed)
+        self._draws = 0                  # stochastic-rounding seeds drawn so far
+        self._pending: dict = {}         # id(p) -> (p, ticket): copies back not yet waited for
+        self._transfers: dict = {}       # device -> CpuTransfer / CudaTransfer
+        self._last_frozen: list = []     # the scheduler's frozen and trained sets at its last hook call
+        self._last_trained: list = []
+        self._stash: dict = {}           # held entries taken out of a state_dict being loaded (checkpoint.py)
+        self._scheduler_handle = None
+        self._handles = checkpoint.install(self) + [self._install_step_hook()]
+
+    # ------------------------------------------------------------------ public
+    def attach(self, scheduler) -> "FrozenState":
+        """Follow ``scheduler`` (an ILSScheduler): its frozen-set hook calls freeze and thaw from now on
+        (at once for the set in force). The experimental ``frozen_update="momentum"`` moves frozen layers by
+        their moments every step, so their state cannot be held: ValueError."""
+        if scheduler.config.experimental.frozen_update != "none":
+            raise ValueError("FrozenState: the scheduler's frozen_update='momentum' steps frozen layers with their "
+                             "moments every step, so their optimizer state must stay resident; use the default "
+                             "frozen_update='none' with compressed or offloaded frozen state")
+        if self._scheduler_handle is not None:
+            self._scheduler_handle.remove()
+        self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)
+        return self
+
+    def freeze(self, params) -> int:
+        """Compress (or offload) the state of ``params``; how many parameters had state to hold."""
+        return sum(self._freeze_one(p) for p in params)
+
+    def thaw(self, params) -> int:
+        """Put back the state of ``params`` (a copy back to the device is waited for before the step that
+        reads it); how many parameters had held state."""
+        return sum(self._thaw_one(p) for p in params)
+
+    def restore_all(self) -> int:
+        """Every held state back in full, copies back finished (as far as the device's stream is concerned)."""
+        n = self.thaw(self.held_params())
+        self.wait()
+        return n
+
+    def held_params(self) -> list:
+        return [p for p, st in list(self.optimizer.state.items()) if any(held_key(k) for k in st)]
+
+    def held_nbytes(self) -> int:
+        """Bytes of the held entries (8-bit codes with scales and offsets, or host copies)."""
+        total = 0
+        for st in list(self.optimizer.state.values()):
+            for k, v in st.items():
+                if held_key(k):
+                    parts = [v[n] for n in ("codes", "scale", "offset")] if isinstance(v, dict) else [v]
+                    total += sum(t.numel() * t.element_size() for t in parts)
+        return total
+
+    def wait(self, params=None) -> None:
+        """The compute stream waits for the copies back of ``params`` (all pending ones when None)."""
+        ids = list(self._pending) if params is None else [id(p) for p in params if id(p) in self._pending]
+        for key in ids:
+            p, ticket = self._pending.pop(key)
+            self._transfer(p.device).wait(ticket)
+
+    def synchronize(self) -> None:
+        """The host waits for every copy in flight (before host copies are read: a state_dict)."""
+        for transfer in self._transfers.values():
+            transfer.synchronize()
+
+    def remove(self) -> None:
+        """Restore every state and detach from the optimizer and the scheduler."""
+        if self._scheduler_handle is not None:
+            self._scheduler_handle.remove()
+            self._scheduler_handle = None
+        self.restore_all()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ------------------------------------------------------------------ internals
+    def _on_frozen_set(self, frozen, trained) -> None:
+        """The scheduler's hook: hold what froze (first, so its bytes go before others come back), put back
+        what trains next."""
+        self._last_frozen, self._last_trained = list(frozen), list(trained)
+        self.freeze(frozen)
+        self.thaw(trained)
+
+    def _transfer(self, device: torch.device):
+        t = self._transfers.get(device)
+        if t is None:
+            t = self._transfers[device] = transfer_for(device)
+        return t
+
+    def _next_seed(self) -> int:
+        self._draws += 1
+        return (self.seed * 1_000_003 + self._draws) % 2**62
+
+    @torch.no_grad()
+    def _freeze_one(self, p) -> bool:
+        state = self.optimizer.state.get(p)
+        if not state:
+            return False
+        held = False
+        for key in [k for k in state if not held_key(k)]:
+            t = state[key]
+            if self.mode == "compress":
+                how = compress_transform(key, t, p)
+                if how is None:
+                    continue
+                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._next_seed(), group_size=self.group_size,
+                                               stochastic=self.stochastic)
+            else:
+                if not offloadable(key, t, p):
+                    continue
+                state[key + HOST] = self._transfer(p.device).to_host(t)
+            del state[key]
+            held = True
+        if held:
+            self._pending.pop(id(p), None)  # a copy back not waited for: the copy out follows it on its stream
+        return held
+
+    @torch.no_grad()
+    def _thaw_one(self, p) -> bool:
+        state = self.optimizer.state.get(p)
+        if not state:
+            return False
+        keys = [k for k in state if held_key(k)]
+        for key in keys:
+            value = state.pop(key)
+            if key.endswith(Q8):
+                state[base_key(key)] = codec.decode(value, device=p.device)
+            else:
+                t, ticket = self._transfer(p.device).to_device(value, p.device)
+                state[base_key(key)] = t
+                if ticket is not None:
+                    self._pending[id(p)] = (p, ticket)
+        return bool(keys)
+
+    def _before_step(self, params) -> None:
+        """Right before an optimizer step over ``params`` (None: all), for each held parameter with a gradient:
+        frozen (requires_grad False: a zero-filled gradient handed out by other code), the gradient
+        is dropped, as the scheduler's guard does, whichever hook runs first (restoring would cost a lossy
+        round trip per step); trainable again (a frozen set changed by hand), its state is put back. Then the
+        step waits for the copies back."""
+        candidates = list(self.optimizer.state.items()) if params is None else \
+            [(p, self.optimizer.state.get(p) or {}) for p in params]
+        for p, st in candidates:
+            if p.grad is None or not any(held_key(k) for k in st):
+                continue
+            if p.requires_grad:
+                self._thaw_one(p)
+            else:
+                p.grad = None
+        self.wait(params)
+
+    def _install_step_hook(self):
+        """Per-parameter pre-step hook on an in-backward optimizer (each parameter steps on its own inside
+        backward), the optimizer's step pre-hook otherwise."""
+        per_param = getattr(self.optimizer, "register_param_step_pre_hook", None)
+        if per_param is not None:
+            return per_param(lambda p: self._before_step([p]))
+        return self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(None))
+
+
+def attach_frozen_state(scheduler, optimizer, mode: str = "compress", **options) -> FrozenState:
+    """A FrozenState over ``optimizer`` following ``scheduler``'s frozen sets (options: group_size,
+    stochastic, seed; see FrozenState)."""
+    return FrozenState(optimizer, mode, **options).attach(scheduler)
