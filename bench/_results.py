@@ -59,6 +59,24 @@ def read_rows(path: str) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def read_compare_rows(source: str) -> list[dict]:
+    """The rows of a CSV to compare with: a file (`path/to/table.csv`), or a file as git history holds it
+    (`REV:path`, e.g. `53f3e26:bench/results/kernels_static_sm90_before.csv`, read with `git show` from the
+    repository root). A source that is neither is an error naming both forms."""
+    if os.path.exists(source):
+        with open(source, newline="") as fh:
+            return list(csv.DictReader(fh))
+    rev, sep, path = source.partition(":")
+    if sep and rev and path:
+        try:
+            text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise SystemExit(f"{source!r}: git cannot show it ({getattr(exc, 'stderr', '') or exc})".strip()) from None
+        return list(csv.DictReader(text.splitlines()))
+    raise SystemExit(f"{source!r}: no such file; give a CSV path or REV:PATH (a file in git history)")
+
+
 def write_rows(path: str, rows: Sequence, fields: Sequence[str] | None = None) -> None:
     """Write a CSV anew: `rows` are dicts (columns: `fields`, default the first row's keys) or
     sequences of values (then `fields` is the header). Creates the folder."""

@@ -23,25 +23,20 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   aggressive@R      slimfit aggressive() + scheduler at rate R
   paper_pint8@R     paper() with P saved at int8 instead of recomputed in backward
   paper_gelu8@R     paper() with the GELU input at 8 bits instead of 4
-  paper_lnfull@R    paper() with a trained LayerNorm's x̂ kept in full (paper() until 2026-11-24 05:35 UTC; its
-                    rows of before carry this name, and the rows named paper_lnint8 then are paper's)
-  paper_code@R      the SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂
-                    top-10%, P int8; rows measured before that date under the name paper@R carry this name
-  paper_code_ptopk@R  paper_code with P pruned to its top 10% per row (paper() before it took the code's
-                    8-bit P; bench/results/grad_fidelity_cpu.md); formerly paper_topk@R
-  aggressive_pint8@R  aggressive() with P int8 (aggressive() until 2026-11-23; formerly aggressive@R)
-  wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk (formerly wta_crs_topk@R)
+  paper_lnfull@R    paper() with a trained LayerNorm's x̂ kept in full (the base of the paper_* variants)
+  paper_code@R      the SlimFit research code's choices: paper_lnfull with frozen LayerNorm x̂ top-10%, P int8
+  paper_code_ptopk@R  paper_code with P pruned to its top 10% per row (bench/results/grad_fidelity_cpu.md)
+  aggressive_pint8@R  aggressive() with P saved at int8 instead of recomputed in backward
+  wta_crs_code_ptopk@R  WTA-CRS on paper_code_ptopk
   paper@R+head      (also exact / aggressive / paper_* / wta_crs) the same, but the freshly initialised task head
-                    ('classifier') is not scheduled: it trains every step. The library's default since
-                    2026-11-24 (ILSScheduler always_train=None), so paper@R+head is today's paper() with the
-                    scheduler's defaults; without +head the head is scheduled (always_train=(), SlimFit's rule)
+                    ('classifier') is not scheduled: it trains every step. This is the library's default
+                    (ILSScheduler always_train=None), so paper@R+head is paper() with the scheduler's
+                    defaults; without +head the head is scheduled (always_train=(), SlimFit's rule)
   ...+all           every candidate is scheduled: weight matrices, norm weights and embeddings
                     (scheduled_kinds="all", SlimFit's rule). Without it the library's default: only the
                     weight matrices are scheduled, the embeddings (tables, position embeddings, tokens)
                     and the norm weights train every step (scheduled_kinds=("matmul",)).
-                    +norms / +embs: the norm weights / the embeddings are scheduled too. Rows measured
-                    before 2026-11-24 05:00 UTC scheduled every kind and carry +all; that morning's
-                    rows carry the names of what they ran.
+                    +norms / +embs: the norm weights / the embeddings are scheduled too.
   ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
                     the share of steps it trained so far, capped at 1 / (1 - rate))
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
@@ -88,9 +83,9 @@ DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
 LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]  # BERT names; DINOv2 (transformers 5) names
 SAMPLED_RATIO = 0.3
-# paper() until 2026-11-24 05:35 UTC: a trained LayerNorm's x̂ in full. The variants measured before pin it.
+# paper() with a trained LayerNorm's x̂ in full: the base the paper_* variants change one choice of.
 PAPER_LNFULL = SlimFitConfig.paper().replace(layernorm="full")
-# The SlimFit research code's choices (paper() until 2026-11-23): frozen LayerNorm x̂ top-10%, P int8.
+# The SlimFit research code's choices: frozen LayerNorm x̂ top-10%, P int8.
 PAPER_CODE = PAPER_LNFULL.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1).with_attention(probs="int8")
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
@@ -114,10 +109,8 @@ def _with_rate(spec: str) -> tuple[str, float | None]:
     return spec, None
 
 
-# Compression variants, one choice changed each (issue: which lossy choice costs accuracy). The presets
-# changed on 2026-11-23 (paper(): frozen x̂ int8 and P recomputed) and on 2026-11-24 (trained x̂ int8);
-# the configs measured before under the preset names keep their results under the names below (the
-# docstring names their former names). The paper_* variants are paper_lnfull's, as they were measured.
+# Compression variants, one choice changed each (which lossy choice costs accuracy); the paper_* variants
+# change one choice of paper_lnfull.
 VARIANTS = {
     "paper_lnfull": PAPER_LNFULL,
     "paper_pint8": PAPER_LNFULL.with_attention(probs="int8"),
@@ -287,7 +280,7 @@ class ImageTask:
         return f"{side}x{side} images"
 
     def run(self, seed, prepare, lr, device, progress):
-        from slimfit.demo.finetune_vision import finetune_images
+        from bench._vision_finetune import finetune_images
 
         a = self.args
         return finetune_images(lambda: self.va.dinov2_classifier(num_labels=10, image_size=a.image_size),
@@ -440,8 +433,8 @@ def main(argv: list[str] | None = None) -> int:
               f"training step on the same batch, measured after training (scheduler's final frozen set). Each "
               f"seed draws its own train/test split and batches; 'vs full' is the mean paired difference "
               f"(with full fine-tuning at the same lr where it ran at it, else at its usual lr). Method "
-              f"names: `python bench/accuracy.py --help`; paper_code / aggressive_pint8 are paper() and "
-              f"aggressive() as they were until 2026-11-23 (frozen LayerNorm x̂ top-10% and P int8 / P int8).")
+              f"names: `python bench/accuracy.py --help` (paper_code: the SlimFit research code's choices, frozen "
+              f"LayerNorm x̂ top-10% and P int8; aggressive_pint8: aggressive() with P int8).")
     if args.render_only:
         methods = []
     results = []

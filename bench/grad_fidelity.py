@@ -58,14 +58,14 @@ CONFIGS = {
     "frozen LayerNorm x̂ top-10%": EXACT.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1),
     "frozen LayerNorm x̂ int8": EXACT.replace(layernorm_frozen="int8"),
     "trained LayerNorm x̂ int8": EXACT.replace(layernorm="int8"),
-    # paper() as it was until it took frozen x̂ int8 and recomputed P (the SlimFit code's choices)
-    "paper() before: frozen x̂ top-10%, P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk").with_attention(
+    # the SlimFit research code's choices (bench/accuracy.py's paper_code)
+    "paper() with frozen x̂ top-10% and P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk").with_attention(
         probs="int8"),
     "paper() with P int8": PAPER_MATERIALIZE.with_attention(probs="int8"),
     "paper() with P top-10%": PAPER_MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
     "paper() with frozen x̂ top-10%": PAPER_MATERIALIZE.replace(layernorm_frozen="topk"),
     "paper() with GELU 8-bit": PAPER_MATERIALIZE.replace(gelu_bits=8),
-    # paper() until 2026-11-24 05:35 UTC (rows of the committed table before that date are this config)
+    # bench/accuracy.py's paper_lnfull
     "paper() with trained x̂ in full": PAPER_MATERIALIZE.replace(layernorm="full"),
     "paper()": PAPER_MATERIALIZE,
     "paper(), fused path": SlimFitConfig.paper(),

@@ -24,6 +24,11 @@ Each target row is printed as met/MISSED.
     python -m bench.kernels_static            # table + bench/results/kernels_static_sm90.{md,csv}
     python -m bench.kernels_static --quick    # fewer variants (smoke test)
     python -m bench.kernels_static --only topk  # some Triton kernels, printed only
+    python -m bench.kernels_static --from-csv # the .md again from the .csv (no compile)
+    python -m bench.kernels_static --from-csv --compare 53f3e26:bench/results/kernels_static_sm90_before.csv \
+        --compare-note "..."                  # beside each row, the registers and instr/elem of another
+                                              # table: a CSV file, or REV:PATH from git history (here the
+                                              # kernels before issue 16's rework); the note says what it is
 """
 from __future__ import annotations
 
@@ -438,77 +443,91 @@ def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def _load_before(stem: str | None) -> dict:
-    path = RESULTS / f"{stem}.csv" if stem else None
-    if not path or not path.exists():
+def _load_compare(source: str | None) -> dict:
+    """(backend, kernel, variant) -> (regs, instr/elem) of the table `source` names (a CSV path or REV:PATH,
+    bench/_results.read_compare_rows); {} without one."""
+    if not source:
         return {}
-    with open(path) as f:
-        return {(r["backend"], r["kernel"], r["variant"]): (int(r["regs"]), float(r["per_elem"]))
-                for r in csv.DictReader(f)}
+    return {(r["backend"], r["kernel"], r["variant"]): (int(r["regs"]), float(r["per_elem"]))
+            for r in _results.read_compare_rows(source)}
 
 
-def write(rows: list[Row], checks, stem: str, before_stem: str | None = None) -> None:
+def _compared(other: dict, r: Row):
+    """The row of the other table that measured the kernel of `r`. Tables that count both roundings of a
+    CUDA quantize in one row name its variant '... (nearest+stochastic)'; the top-k kernel of rows padded
+    to a power of two is 'topk_prune (tile)' there."""
+    if r.kernel == "topk_prune":
+        return other.get((r.backend, "topk_prune (tile)", r.variant)) or other.get((r.backend, r.kernel, r.variant))
+    return other.get((r.backend, r.kernel, r.variant)) or other.get(
+        (r.backend, r.kernel, re.sub(r" (nearest|stochastic)$", " (nearest+stochastic)", r.variant)))
+
+
+def _produced_by(stem: str) -> str | None:
+    """The 'Produced by' paragraph of the existing <stem>.md: the tools the CSV's numbers were compiled with."""
+    path = RESULTS / f"{stem}.md"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return next((line for line in lines if line.startswith("Produced by ")), None)
+
+
+def _tools_paragraph() -> str:
+    import triton
+
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] \
+        if shutil.which("nvcc") else "no nvcc"
+    return (f"Produced by `{_results.command('kernels_static', [])}` (triton {triton.__version__}, {nvcc}). "
+            "Registers from cuobjdump, spills from ptxas -v, SASS from nvdisasm; instr/elem = instructions a thread "
+            "executes on the main path x threads per program / elements per program (CUDA: the steady state, tail "
+            "path compiled out); occupancy = theoretical, H100 SXM limits. See the module docstring for the method.")
+
+
+def write(rows: list[Row], checks, stem: str, compare: str | None = None, produced_by: str | None = None,
+          compare_note: str = "") -> None:
+    """<stem>.csv and <stem>.md; `compare`: a table shown beside (columns *before*), `compare_note` what it is;
+    `produced_by`: the tools paragraph to keep (re-rendering from the CSV), else this machine's."""
     cols = ["backend", "kernel", "variant", "threads", "elems", "regs", "spills", "local", "shared", "instr",
             "per_elem", "occupancy", "note"]
     _results.write_rows(str(RESULTS / f"{stem}.csv"),
                         [[f"{v:.3f}" if isinstance(v, float) else v for v in (getattr(r, c) for c in cols)]
                          for r in rows], cols)
-    import triton
-
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] \
-        if shutil.which("nvcc") else "no nvcc"
-    lines = [
-        "# Static kernel table, sm_90a (H100), no GPU needed",
-        "",
-        f"Produced by `{_results.command('kernels_static', [])}` (triton {triton.__version__}, {nvcc}). Registers from "
-        "cuobjdump, spills from ptxas -v, SASS from nvdisasm; instr/elem = instructions a thread executes on the "
-        "main path x threads per program / elements per program (CUDA: the steady state, tail path compiled "
-        "out); occupancy = theoretical, H100 SXM limits. See the module docstring for the method.",
-        "",
-        "## Targets",
-        "",
-        "| target | result | detail |",
-        "|---|---|---|",
-    ]
+    lines = ["# Static kernel table, sm_90a (H100), no GPU needed", "", produced_by or _tools_paragraph(), "",
+             "## Targets", "", "| target | result | detail |", "|---|---|---|"]
     lines += [f"| {name} | {'met' if ok else 'MISSED'} | {detail} |" for name, ok, detail in checks]
-    before = _load_before(before_stem)
-    if before:
-        lines += ["", f"Columns *before* come from `bench/results/{before_stem}.md` (the kernels before issue 16's "
-                  "rework; its CUDA counts include the tail path and both rounding modes, so they are upper bounds). "
-                  "topk_prune before: the 32-pass bisection tile kernel (rows padded to a power of two; rows over "
-                  "8192 were not in that table). topk_restore is now counted per element of the output rows it "
-                  "writes whole (zeros and kept values); the old kernel scattered the kept values only (31.8 "
-                  "instructions per kept value) after a separate memset, so it has no comparable column."]
-    extra_head = " regs before | instr/elem before |" if before else ""
+    other = _load_compare(compare)
+    if other:
+        lines += ["", f"Columns *before* come from `{compare}` (`--compare`), matched by backend, kernel and variant"
+                  + (f": {compare_note}" if compare_note else ".")]
     lines += ["", "## Kernels", "",
-              "| backend | kernel | variant | threads | elems | regs | spills | instr/elem | occupancy |" + extra_head,
-              "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else "")]
+              "| backend | kernel | variant | threads | elems | regs | spills | instr/elem | occupancy |"
+              + (" regs before | instr/elem before |" if other else ""),
+              "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if other else "")]
     for r in rows:
         line = (f"| {r.backend} | {r.kernel} | {r.variant} | {r.threads} | {r.elems} | {r.regs} | {r.spills} | "
                 f"{r.per_elem:.1f} | {r.occupancy:.0%} |")
-        if before:
-            b = before.get((r.backend, r.kernel, r.variant)) or before.get(
-                (r.backend, r.kernel, re.sub(r" (nearest|stochastic)$", " (nearest+stochastic)", r.variant)))
-            if r.kernel == "topk_prune":  # the 32-pass bisection kernel it replaced (rows <= 8192)
-                b = before.get((r.backend, "topk_prune (tile)", r.variant))
+        if other:
+            b = _compared(other, r)
             line += f" {b[0]} | {b[1]:.1f} |" if b else " | |"
         lines.append(line)
     _results.write_text(str(RESULTS / f"{stem}.md"), "\n".join(lines) + "\n")
 
 
-def main(argv=None) -> int:
-    # compile real kernels (the interpreter has no cubin); before anything imports triton
-    os.environ.pop("TRITON_INTERPRET", None)
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a few variants only (smoke test)")
     ap.add_argument("--out", default="kernels_static_sm90", help="file stem under bench/results/")
     ap.add_argument("--no-cuda", action="store_true", help="skip the nvcc part")
-    ap.add_argument("--compare", default="kernels_static_sm90_before",
-                    help="stem of an earlier table under bench/results/ to show beside (if present)")
+    ap.add_argument("--compare", default=None, metavar="CSV",
+                    help="another table to show beside each row: a CSV file, or REV:PATH of one in git history")
+    ap.add_argument("--compare-note", default="", metavar="TEXT", help="what the --compare table is (a sentence)")
     ap.add_argument("--from-csv", action="store_true", help="re-render the .md from the existing .csv (no compile)")
     ap.add_argument("--only", default=None, metavar="NAME",
                     help="compile only the Triton kernels whose name contains NAME and print them (no files written)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    # compile real kernels (the interpreter has no cubin); before anything imports triton
+    os.environ.pop("TRITON_INTERPRET", None)
+    args = parser().parse_args(argv)
     if args.from_csv:
         with open(RESULTS / f"{args.out}.csv") as f:
             rows = [Row(r["backend"], r["kernel"], r["variant"], int(r["threads"]), int(r["elems"]), int(r["regs"]),
@@ -526,7 +545,7 @@ def main(argv=None) -> int:
     print("\nTargets:")
     for name, ok, detail in checks:
         print(f"  {'met   ' if ok else 'MISSED'}  {name}: {detail}")
-    write(rows, checks, args.out, args.compare)
+    write(rows, checks, args.out, args.compare, _produced_by(args.out) if args.from_csv else None, args.compare_note)
     print(f"\nwrote bench/results/{args.out}.md and .csv")
     return 0
 

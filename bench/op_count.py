@@ -3,8 +3,11 @@
 
     python -m bench.op_count                  # BERT layer + Llama decoder layer;
                                               # writes bench/results/op_count_cpu.{csv,md}
-    python -m bench.op_count --before bench/results/op_count_cpu_before.csv
-                                              # the same, with the counts of an earlier run beside each row
+    python -m bench.op_count --before dc7ba56:bench/results/op_count_cpu_before.csv
+                                              # the same, with the counts of another run beside each row:
+                                              # a CSV file, or REV:PATH from git history (here commit
+                                              # 9820f11's counts, before issue 16's op reductions)
+    python -m bench.op_count --render-only    # the .md again from the .csv (header kept), nothing counted
     python -m bench.op_count --quick          # tiny shapes: a smoke check, writes nothing (unless --out is given)
 
 What is counted: every op that reaches the Python dispatch key, i.e. what a
@@ -338,9 +341,13 @@ CSV_FIELDS = ["commit", "model", "weights", "kind", "config", "modules", "fwd_op
 
 
 def read_csv(path: str) -> list[Cell]:
+    return _cells(_results.read_rows(path))
+
+
+def _cells(rows: list[dict]) -> list[Cell]:
     return [Cell(r["model"], r["weights"], r["kind"], r["config"], int(r["modules"]), _parse_ops(r["fwd_detail"]),
                  _parse_ops(r["bwd_detail"]), int(r["alloc_bytes"]), int(r["saved_bytes"]), r["note"])
-            for r in _results.read_rows(path)]
+            for r in rows]
 
 
 def _index(cells):
@@ -545,11 +552,62 @@ def run(models: dict, names) -> list[Cell]:
     return cells
 
 
+BEFORE_NOTE = "'before' columns:"
+
+
+def _before_paragraph(source: str, rows: list[dict]) -> list[str]:
+    then = next(iter(rows), {}).get("commit", "?")
+    where = os.path.relpath(source, _results.ROOT) if os.path.exists(source) else source
+    return ["", f"{BEFORE_NOTE} the counts of commit {then} ({where}), measured by this script."]
+
+
+def _header(models: dict, names, argv, commit: str) -> list[str]:
+    import transformers
+
+    shapes = "; ".join(f"{n}: {models[n][0][:-6]}({', '.join(f'{k}={v}' for k, v in models[n][1].items())}), "
+                       f"batch {models[n][2]}, seq {models[n][3]}" for n in names)
+    return ["# Ops dispatched per patched layer, CPU (bench/op_count.py)", "",
+            f"Command: `{_results.command('op_count', argv)}`", "",
+            f"Commit: {commit}; {_results.now()}; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, "
+            f"slimfit CPU backend: {slimfit.kernels.backend_info()['cpu']}.", "",
+            f"One layer, fp32, train mode, CPU. {shapes}. Counts: ops seen by a TorchDispatchMode (aten ops after "
+            "CompositeImplicit decompositions, and `slimfit::` ops, one each) in one forward and one backward; "
+            "each row's module called alone on a copy of the input it got in a real forward (see the script's "
+            "docstring). ratio = total / eager's total; for the attention core and the layer also against "
+            f"plain sdpa. Target (issue 16): at most {TARGET}x eager per patched layer. alloc = bytes of the "
+            "fresh outputs of every op (fwd + bwd); saved = bytes kept for backward (parameters not counted)."]
+
+
+def _kept_header(md_path: str, before: str | None) -> list[str]:
+    """The header of the existing Markdown (the counting run's command, commit and versions), its Command
+    naming this `--before` (or none) and its 'before' paragraph left out (this render adds its own)."""
+    with open(md_path) as fh:
+        lines = fh.read().split("\n## ", 1)[0].rstrip("\n").split("\n")
+    kept = []
+    for line in lines:
+        if line.startswith(BEFORE_NOTE):
+            if kept and kept[-1] == "":
+                kept.pop()
+            continue
+        if line.startswith("Command: `") and line.endswith("`"):
+            words = line[len("Command: `"):-1].split()
+            while "--before" in words:
+                i = words.index("--before")
+                del words[i:i + 2]
+            line = "Command: `" + " ".join(words + (["--before", before] if before else [])) + "`"
+        kept.append(line)
+    return kept
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--quick", action="store_true", help="tiny shapes; writes nothing unless --out is given")
-    p.add_argument("--before", default=None, help="a CSV of an earlier run: its totals are shown beside each row")
+    p.add_argument("--before", default=None, metavar="CSV",
+                   help="the counts of another run beside each row: a CSV file, or REV:PATH of one in git history")
+    p.add_argument("--render-only", action="store_true",
+                   help="rebuild the Markdown from the CSV (header kept), count nothing")
     p.add_argument("--out", default=None, help=f"output folder (default {os.path.join('bench', 'results')})")
     p.add_argument("--commit", default=None, help="the commit label written with the results (default: git HEAD "
                    "of this tree, marked when slimfit/ has uncommitted changes)")
@@ -557,35 +615,25 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     models = QUICK_MODELS if args.quick else MODELS
     commit = args.commit or _results.commit_label()
-    import transformers
-
-    shapes = "; ".join(f"{n}: {models[n][0][:-6]}({', '.join(f'{k}={v}' for k, v in models[n][1].items())}), "
-                       f"batch {models[n][2]}, seq {models[n][3]}" for n in args.models)
-    header = ["# Ops dispatched per patched layer, CPU (bench/op_count.py)", "",
-              f"Command: `{_results.command('op_count', argv)}`", "",
-              f"Commit: {commit}; {_results.now()}; torch {torch.__version__}, "
-              f"transformers {transformers.__version__}, "
-              f"slimfit CPU backend: {slimfit.kernels.backend_info()['cpu']}.", "",
-              f"One layer, fp32, train mode, CPU. {shapes}. Counts: ops seen by a TorchDispatchMode (aten ops after "
-              "CompositeImplicit decompositions, and `slimfit::` ops, one each) in one forward and one backward; "
-              "each row's module called alone on a copy of the input it got in a real forward (see the script's "
-              "docstring). ratio = total / eager's total; for the attention core and the layer also against "
-              f"plain sdpa. Target (issue 16): at most {TARGET}x eager per patched layer. alloc = bytes of the "
-              "fresh outputs of every op (fwd + bwd); saved = bytes kept for backward (parameters not counted)."]
-    before = read_csv(args.before) if args.before else None
-    if args.before:
-        then = next(iter(_results.read_rows(args.before)), {}).get("commit", "?")
-        where = os.path.relpath(args.before, _results.ROOT)
-        header += ["", f"'before' columns: the counts of commit {then} ({where}), "
-                   "measured by this script."]
-    cells = run(models, args.models)
-    md = render_md(cells, header, before)
+    csv_path = _results.results_path("op_count", "csv", "cpu", args.out)
+    md_path = _results.results_path("op_count", "md", "cpu", args.out)
+    before_rows = _results.read_compare_rows(args.before) if args.before else None
+    if args.render_only:
+        header = _kept_header(md_path, args.before)
+    else:
+        header = _header(models, args.models, argv, commit)
+    if before_rows is not None:
+        header += _before_paragraph(args.before, before_rows)
+    cells = read_csv(csv_path) if args.render_only else run(models, args.models)
+    md = render_md(cells, header, _cells(before_rows) if before_rows is not None else None)
     print()
     print(md)
-    if args.out is not None or not args.quick:
-        csv_path = _results.results_path("op_count", "csv", "cpu", args.out)
+    if args.render_only:
+        _results.write_text(md_path, md)
+        print(f"wrote {md_path}")
+    elif args.out is not None or not args.quick:
         write_csv(cells, csv_path, commit)
-        _results.write_text(_results.results_path("op_count", "md", "cpu", args.out), md)
+        _results.write_text(md_path, md)
         print(f"wrote {csv_path} and .md")
     return 0
 

@@ -1,6 +1,6 @@
 """Total step peak of BERT-base (batch 2, seq 32) under the ILS scheduler, with slimfit.optim's tools on or off.
 
-    .venv/bin/python bench/optim_step_peaks.py [--arch bert-base] [--batch 2] [--seq 32] [--rate 0.7]
+    python -m bench.optim_step_peaks [--arch bert-base] [--batch 2] [--seq 32] [--rate 0.7]
 
 The measurement behind docs/optim.md's table, small enough for
 a 2-core CPU (about a minute per row). Each row builds the model afresh (seed 0), trains one step with every
@@ -11,19 +11,18 @@ scheduler's step, which compresses and restores the layers whose state changes).
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # file form: python bench/optim_step_peaks.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
 import argparse
-import os
-import sys
 
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from slimfit import architectures as A  # noqa: E402
-from slimfit.optim import attach_frozen_state, step_in_backward  # noqa: E402
-from slimfit.scheduler import ILSScheduler  # noqa: E402
-from slimfit.step_memory import measure_step  # noqa: E402
+from slimfit import architectures as A
+from slimfit.optim import attach_frozen_state, step_in_backward
+from slimfit.scheduler import ILSScheduler
+from slimfit.step_memory import measure_step
 
 ROWS = {  # name: (optimizer keywords, frozen state mode or None, step in backward)
     "AdamW (CPU default: for-loop)": ({}, None, False),

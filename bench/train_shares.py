@@ -8,7 +8,7 @@ in, fine-tuning on Rotten Tomatoes (the accuracy benchmark's text task), per sch
 Specs are bench/accuracy.py's scheduled methods with their options (`python -m bench.accuracy --help`).
 Why it exists: under AdamW every weight moves by about lr x |m / sqrt(v)| per step, so SlimFit's relative
 score (mean |ΔW / W|) ranks layers by the size of their weights; this table shows which layers that leaves
-frozen (docs/fidelity.md, "Which layers train").
+frozen (docs/fidelity.md, "Which layers are scheduled").
 Results: bench/results/train_shares_cpu.{csv,md}, one CSV row per (spec, seed, steps, layer); a spec already
 there with the same settings is skipped.
 """

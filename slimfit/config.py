@@ -240,7 +240,7 @@ class SlimFitConfig:
     @classmethod
     def from_pretrained(cls, path) -> "SlimFitConfig":
         """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file),
-        by this version or an earlier one (`from_dict`)."""
+        read by `from_dict` (a format version it does not know is refused)."""
         import json
         import os
 
@@ -268,18 +268,17 @@ class SlimFitConfig:
         SiLU / SwiGLU inputs (as GELU's), RMSNorm x̂ as LayerNorm's. (The research code's
         fixed-point formats are replaced by per-group min/max: more accurate at equal bits.)
 
-        Three choices differ from the research code, by measurement (bench/results/grad_fidelity_cpu.md,
-        accuracy_*_cpu.md; docs/fidelity.md):
-        * frozen LayerNorm x̂ at int8, not top-10%: top-10% turns DINOv2 ViT-S's gradient (cosine
-          0.91 vs 1.000) and cost accuracy at 500 steps (Fashion-MNIST seed 0: -4.8 points against
-          full fine-tuning, +4.0 with int8 x̂); int8 keeps ~0.4 byte per element more;
-        * trained LayerNorm x̂ at int8 too, not in full: the gradients moved by 0.17% (MiniLM) /
-          0.4% (DINOv2), and the scheduler trains every norm weight every step by default
-          (``scheduled_kinds``), so a full x̂ would cost 3 bytes per element of every norm input;
-        * P recomputed, not int8 (nor top-10%): the gradient of attention at the dequantized point,
-          3x closer to exact than int8 P on MiniLM (rel. error 1.2e-3 vs 3.4e-3), no S×S bytes at
-          all, for one more Q·Kᵀ GEMM per attention in backward. Top-10% of P cost 28 points on
-          Fashion-MNIST (`.with_attention(probs="topk")` keeps it available)."""
+        Three choices differ from the research code, each for its gradient error and its accuracy
+        (docs/fidelity.md, "Compression: what paper() keeps"):
+        * frozen LayerNorm x̂ at int8, not top-10%: top-10% turns a ViT's weight gradient and costs
+          accuracy; int8 keeps ~0.4 byte per element more;
+        * trained LayerNorm x̂ at int8 too, not in full: the gradients barely move, and the scheduler
+          trains every norm weight every step by default (``scheduled_kinds``), so a full x̂ would cost
+          3 bytes per element of every norm input;
+        * P recomputed, not int8 (nor top-10%): the exact gradient of attention at the dequantized
+          point, closer to exact than int8 P, no S×S bytes at all, for one more Q·Kᵀ GEMM per attention
+          in backward. Top-10% of P wrecks a ViT's gradient (`.with_attention(probs="topk")` keeps it
+          available)."""
         return cls(
             ffn_out_input_bits=8,
             gelu_bits=4,

@@ -166,11 +166,7 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
     from slimfit import memory
 
     model, scheduler = prepared.model, prepared.scheduler
-    # The scheduler freezes and unfreezes layers as it goes: the optimizer must know them all.
-    params = list(model.parameters()) if scheduler is not None else [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    if scheduler is not None:
-        scheduler.attach_optimizer(optimizer)
+    params, optimizer = _adamw(model, scheduler, lr)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
 
@@ -193,17 +189,10 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
         if step in sample_at:
             sampled.append(_saved_bytes_keeping_rng(model, batch_with_extras(fixed), device))
         batch = batch_with_extras(indices)
-        start = time.perf_counter()
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
-            frozen.append(scheduler.num_frozen / scheduler.num_layers)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        seconds, loss, frozen_share = _timed_step(model, batch, optimizer, scheduler, device)
+        if frozen_share is not None:
+            frozen.append(frozen_share)
+        times.append(seconds)
         losses.append(loss.item())
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
@@ -217,6 +206,33 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
                      step_ms=1000 * statistics.median(warm), frozen_share=statistics.mean(frozen) if frozen else 0.0,
                      losses=losses, trainable_params=sum(p.numel() for p in params),
                      saved_bytes_max=max(sampled + [saved]) if sampled else None)
+
+
+def _adamw(model, scheduler, lr: float):
+    """(the parameters, AdamW over them): every parameter under a scheduler, which freezes and unfreezes
+    layers as it goes (the optimizer must know them all), else those that require grad."""
+    params = list(model.parameters()) if scheduler is not None else [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    if scheduler is not None:
+        scheduler.attach_optimizer(optimizer)
+    return params, optimizer
+
+
+def _timed_step(model, batch: dict, optimizer, scheduler, device: str):
+    """One training step (forward, backward, optimizer step, zero_grad, the scheduler's step):
+    (seconds, the loss, the share of scheduled layers frozen after it or None without a scheduler)."""
+    start = time.perf_counter()
+    loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    frozen_share = None
+    if scheduler is not None:
+        scheduler.step()
+        frozen_share = scheduler.num_frozen / scheduler.num_layers
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, loss, frozen_share
 
 
 def _saved_bytes_keeping_rng(model, batch: dict, device: str) -> int:

@@ -14,9 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="rotten_tomatoes",
                    help="'rotten_tomatoes' (offline) or 'hf:NAME[:CONFIG]', e.g. hf:imdb or hf:glue:sst2 "
                         "(the `datasets` package, network)")
-    # Defaults chosen by the 120-step accuracy runs (bench/results/accuracy_text_cpu.md, 3 seeds): aggressive() at
-    # rate 0.7 kept full fine-tuning's accuracy (-0.02 points) at 6.1-6.3x fewer saved bytes, where paper() at 0.9
-    # lost 3.6 points; training the head every step and momentum for frozen layers changed nothing at 0.7.
+    # Defaults: aggressive() at rate 0.7 keeps full fine-tuning's accuracy on the demo's 120-step protocol at a
+    # fraction of its saved bytes, where rate 0.9 costs points (docs/fidelity.md, "The task head", "Freeze rate").
     p.add_argument("--preset", default="aggressive", choices=["exact", "paper", "aggressive"])
     p.add_argument("--rate", type=float, default=0.7,
                    help="freezing rate of the scheduler, in [0, 1); at 0.9 short runs lose accuracy "

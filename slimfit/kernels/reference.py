@@ -17,7 +17,7 @@ consecutive elements; the last group may be short. Per group, in fp32:
 (e.g. one holding +3e38 and -3e38: its range exceeds the largest fp32) is computed exactly as
 with an unbounded exponent (x*0.5 is exact but for a subnormal x, which vanishes next to mn*h:
 |mn| >= 2**103 in a wide group), and its scale is finite for every finite input. For every other
-group h = 1 changes nothing: the formulas are (mx - mn) / L and (x - mn) * inv, as before.
+group h = 1 changes nothing: the formulas are (mx - mn) / L and (x - mn) * inv.
 A scale below the smallest normal fp32 (2**-126: a group range under ~3e-36) is treated as a
 constant group (all codes 0, dequantized to mn, error <= that range): its reciprocal would
 overflow, and subnormal arithmetic differs between backends that flush it.

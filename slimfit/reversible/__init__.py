@@ -1,7 +1,7 @@
 """MEFT (arXiv 2306.00477): reversible adapters that keep the pretrained starting point.
 
     model, summary = slimfit.reversible.convert(model, form="meft1", bottleneck=8)
-    loss = model(input_ids=..., attention_mask=..., labels=...).loss   # same call as before
+    loss = model(input_ids=..., attention_mask=..., labels=...).loss   # the unconverted model's call
     loss.backward()    # reversible layers: only the last output pair is kept; inputs reconstructed
 
 See docs/meft.md for the exact formulas, the distance to the pretrained model at init and the

@@ -248,8 +248,7 @@ def _head_parameters(model: nn.Module) -> set:
     return head
 
 
-def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init_std, scales,
-             stream_dtype=None, output="mean"):
+def _check_arguments(model, bottleneck, init_std, stream_dtype, output) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"slimfit.reversible: expected a torch.nn.Module, got {type(model).__name__}")
     if hasattr(model, MODEL_STATE):
@@ -264,18 +263,22 @@ def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init
                         f"got {stream_dtype!r}")
     if not (isinstance(init_std, (int, float)) and init_std >= 0):
         raise ValueError(f"slimfit.reversible: init_std must be a number >= 0, got {init_std!r}")
-    path, layers, family = _find_layers(model)
-    n = len(layers)
-    if reversible_layers is None:
-        reversible_layers = n if form is not ADAPTERS_ONLY else 0
-    _check_int("reversible_layers", reversible_layers, 0, n)
-    if scales is not None:
-        lam, beta = scales
-        for nm, v in (("λ", lam), ("β", beta)):
-            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not (v == v) or v == 0
-                    or abs(v) == float("inf")):
-                raise ValueError(f"slimfit.reversible: {nm} must be a finite non-zero number, got {v!r}")
-        form = dataclasses.replace(form, lam=float(lam), beta=float(beta))
+
+
+def _form_with_scales(form: Form, scales) -> Form:
+    """`form` with the (λ, β) of `scales` (finite, non-zero), or as it is for scales None."""
+    if scales is None:
+        return form
+    lam, beta = scales
+    for nm, v in (("λ", lam), ("β", beta)):
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not (v == v) or v == 0
+                or abs(v) == float("inf")):
+            raise ValueError(f"slimfit.reversible: {nm} must be a finite non-zero number, got {v!r}")
+    return dataclasses.replace(form, lam=float(lam), beta=float(beta))
+
+
+def _check_layers(layers, family, bottleneck) -> int:
+    """The layers' hidden size, once each layer is checked convertible and `bottleneck` fits in it."""
     for layer in layers:
         family.check(layer)
         if getattr(layer, "gradient_checkpointing", False):
@@ -284,14 +287,17 @@ def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init
     hidden = family.hidden_size(layers[0])
     if bottleneck > hidden:
         raise ValueError(f"slimfit.reversible: bottleneck {bottleneck} is larger than the hidden size {hidden}")
+    return hidden
 
-    flags = {name: p.requires_grad for name, p in model.named_parameters()}
-    plan = Plan(family, form, layers, reversible_layers, hidden, stream_dtype, output)
-    adapters = []
-    for i, layer in enumerate(layers):
+
+def _add_adapters_and_swap_classes(plan, path: str, bottleneck, init_std) -> list[str]:
+    """Each layer of the plan gets its form's adapters and the MEFT forward; returns the adapters' names."""
+    family, form, adapters = plan.family, plan.form, []
+    for i, layer in enumerate(plan.layers):
         ref = next(layer.parameters())
         for slot in form.adapters:
-            ad = Adapter(hidden, bottleneck, family.adapter_activation(layer), family.adapter_dropout(layer), init_std)
+            ad = Adapter(plan.hidden_size, bottleneck, family.adapter_activation(layer), family.adapter_dropout(layer),
+                         init_std)
             ad.to(device=ref.device, dtype=ref.dtype)
             ad.train(layer.training)
             layer.add_module(slot, ad)
@@ -301,6 +307,23 @@ def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init
                 setattr(layer, slot, None)
         layer.__dict__[STATE] = {"plan": plan, "index": i, "original_class": type(layer)}
         layer.__class__ = _meft_class(type(layer))
+    return adapters
+
+
+def _convert(model, form: Form, bottleneck, reversible_layers, freeze_base, init_std, scales,
+             stream_dtype=None, output="mean"):
+    _check_arguments(model, bottleneck, init_std, stream_dtype, output)
+    path, layers, family = _find_layers(model)
+    n = len(layers)
+    if reversible_layers is None:
+        reversible_layers = n if form is not ADAPTERS_ONLY else 0
+    _check_int("reversible_layers", reversible_layers, 0, n)
+    form = _form_with_scales(form, scales)
+    hidden = _check_layers(layers, family, bottleneck)
+
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    plan = Plan(family, form, layers, reversible_layers, hidden, stream_dtype, output)
+    adapters = _add_adapters_and_swap_classes(plan, path, bottleneck, init_std)
 
     head = _head_parameters(model)
     if freeze_base:

@@ -293,8 +293,8 @@ class SchedulerConfig:
     """Every option of :class:`ILSScheduler`, validated once, here.
 
     freeze_rate        fraction of the scheduled layers frozen each step, in [0, 1); at least one layer
-                       always trains. In budget mode the minimum fraction frozen. Default 0.7: 0.9 lost
-                       accuracy on a harder task (docs/fidelity.md).
+                       always trains. In budget mode the minimum fraction frozen. Default 0.7: 0.9 costs
+                       accuracy on harder tasks (docs/fidelity.md, "Freeze rate").
     score              "relative" (SlimFit's: mean |ΔW / W_old| over entries with W_old != 0) or "robust"
                        (||ΔW|| / ||W_old||, which does not blow up on near-zero weights).
     rounding           "round" (round(rate * L), halves up) or "floor" (int(rate * L), the paper's code).

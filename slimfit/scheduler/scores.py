@@ -19,7 +19,7 @@ Two scores:
     consistently a layer's gradient points one way, the same scale for every kind of layer.
     The two scores above divide by the weights, so under Adam they rank layers mostly by
     weight magnitude: LayerNorm weights (about 1) and embeddings score far lower than
-    linear weights and stay frozen (docs/fidelity.md, "which layers train"). Experimental
+    linear weights and stay frozen (docs/fidelity.md, "Which layers are scheduled"). Experimental
     (SchedulerConfig.experimental.score): measured no better (docs/fidelity.md).
 
 Cost: the reductions are multi-tensor (``torch._foreach_*``) over all trained layers of a

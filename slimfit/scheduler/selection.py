@@ -10,9 +10,9 @@ Order of preference for a training slot:
     ``memory_aware`` the score per activation byte that training the layer costs
     (score / bytes; a layer that costs no activation memory comes first).
 The ``n_train = L - n_frozen`` best layers are trained, the rest frozen. A budget
-(bytes) additionally stops adding layers whose activation bytes no longer fit; layers are
-then skipped, not the whole selection. Minimum trained/frozen durations are soft: they
-are honoured unless the count or the budget says otherwise.
+(bytes) additionally leaves out each layer whose activation bytes exceed what the layers taken
+before it leave of the budget; such a layer is skipped, not the whole selection. Minimum
+trained/frozen durations are soft: they are honoured unless the count or the budget says otherwise.
 """
 from __future__ import annotations
 

@@ -69,3 +69,20 @@ def test_a_method_at_two_learning_rates_is_two_rows_paired_at_its_own_lr():
     assert gap["paper@0.7, lr 0.0002"] == "+1.00"   # against full at 2e-4, not 1e-4 (that would say +5.00)
     assert gap["paper@0.9"] == "-6.00"              # full ran at 2e-4 on seed 0
     assert gap["lora"] == "+3.00"                   # no full at 5e-4: the usual lr
+
+
+def test_every_committed_row_names_a_method_this_script_runs():
+    """The committed results stay readable: each row's method is a spec bench/accuracy.py knows (no
+    retired names kept as aliases), so --render-only and --help describe every row."""
+    import os
+
+    from bench import _results
+
+    names = set()
+    for task in ("text", "fortunes", "fashion_mnist"):
+        names |= {r["method"] for r in _results.read_rows(os.path.join(_results.RESULTS_DIR,
+                                                                        f"accuracy_{task}_cpu.csv"))}
+    assert len(names) > 20
+    for spec in sorted(names):
+        prepare, _ = accuracy.method_prepare(spec, steps=500)
+        assert callable(prepare), spec

@@ -16,9 +16,15 @@ from bench import op_count  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def quick_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("op_count")
     assert op_count.main(["--quick", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(quick_out):
+    out = quick_out
     with open(out / "op_count_cpu.csv", newline="") as fh:
         got = {(r["model"], r["weights"], r["kind"], r["config"]): r for r in csv.DictReader(fh)}
     return got, (out / "op_count_cpu.md").read_text()
@@ -63,3 +69,20 @@ def test_layernorm_normalizes_once_and_gelu_backward_reuses_its_buffer(rows):
             assert fwd["aten.view"] == 0
             bwd = op_count._parse_ops(got[("bert", weights, "gelu", config)]["bwd_detail"])
             assert bwd["aten.gelu_backward.grad_input"] == 1 and bwd["aten.gelu_backward"] == 0
+
+
+def test_render_only_rebuilds_the_markdown_from_the_csv(quick_out, tmp_path):
+    """--render-only counts nothing: the same Markdown from the CSV, header kept; --before adds the other
+    run's columns (here the run itself) and names it in the header and the command."""
+    import shutil
+
+    for ext in ("csv", "md"):
+        shutil.copy(quick_out / f"op_count_cpu.{ext}", tmp_path / f"op_count_cpu.{ext}")
+    counted = (tmp_path / "op_count_cpu.md").read_text()
+    other = str(quick_out / "op_count_cpu.csv")
+    assert op_count.main(["--render-only", "--out", str(tmp_path), "--before", other]) == 0
+    compared = (tmp_path / "op_count_cpu.md").read_text()
+    assert "'before' columns: the counts of commit" in compared and "before: total (ratio)" in compared
+    assert f"--before {other}`" in compared
+    assert op_count.main(["--render-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "op_count_cpu.md").read_text() == counted

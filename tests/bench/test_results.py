@@ -66,3 +66,26 @@ def test_tables():
         "| name | n |", "|---|---:|", "| a\\|b | 1 |", "| c | 22 |"]
     assert _results.text_table(["name", "n"], [["a", "1"], ["ccc", "22"]], right={1}) == [
         "name   n", "----  --", "a      1", "ccc   22"]
+
+
+def test_a_table_to_compare_with_comes_from_a_file_or_from_git_history(tmp_path):
+    path = tmp_path / "other.csv"
+    _results.write_rows(str(path), [{"kernel": "quantize", "regs": "32"}], ["kernel", "regs"])
+    assert _results.read_compare_rows(str(path)) == [{"kernel": "quantize", "regs": "32"}]
+    with pytest.raises(SystemExit, match="REV:PATH"):
+        _results.read_compare_rows(str(tmp_path / "missing.csv"))
+    if not os.path.isdir(os.path.join(_results.ROOT, ".git")):
+        pytest.skip("not a git checkout: REV:PATH cannot be read")
+    rows = _results.read_compare_rows("HEAD:bench/results/kernels_static_sm90.csv")
+    assert rows and {"backend", "kernel", "variant", "regs", "per_elem"} <= set(rows[0])
+    with pytest.raises(SystemExit, match="git cannot show it"):
+        _results.read_compare_rows("HEAD:bench/results/no_such_table.csv")
+
+
+def test_no_before_copies_among_the_results():
+    """Comparisons with another run come from git history or an explicit --compare / --before file, never
+    from a *_before copy kept beside the results: kernels_static's --compare has no default."""
+    from bench import kernels_static
+
+    assert [n for n in sorted(os.listdir(_results.RESULTS_DIR)) if "_before." in n] == []
+    assert kernels_static.parser().get_default("compare") is None

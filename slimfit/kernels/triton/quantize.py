@@ -96,7 +96,7 @@ def dequantize_signature(out_type: str) -> dict:
             "BITS": "constexpr", "GROUP_SIZE": "constexpr", "GROUPS": "constexpr"}
 
 
-FP32_MAX: tl.constexpr = 3.4028234663852886e38  # the largest finite fp32
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # the largest finite fp32 (a constexpr global: kernels may read it)
 
 
 @triton.jit
@@ -109,33 +109,11 @@ def _nan_max(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit(do_not_specialize=["k0", "k1"])
-def _quantize_kernel(
-    x_ptr, codes_ptr, scale_ptr, offset_ptr,
-    n_elements, n_groups, n_bytes,
-    k0, k1,
-    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS: tl.constexpr, STOCHASTIC: tl.constexpr,
-    EVEN: tl.constexpr = False, IDX64: tl.constexpr = True,
-):
-    PER: tl.constexpr = 8 // BITS
+@triton.jit
+def _scale_and_codes(x, mn, mx, base, offs, k0, k1,
+                     BITS: tl.constexpr, STOCHASTIC: tl.constexpr, IDX64: tl.constexpr):
+    """(scale [G], codes [G, S] int32) of a [G, S] tile with group minima mn and maxima mx."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
-    BLOCK: tl.constexpr = GROUPS * GROUP_SIZE
-
-    pid = tl.program_id(0)
-    if IDX64:
-        pid = pid.to(tl.int64)
-    base = pid * BLOCK
-    offs = tl.arange(0, GROUPS)[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]   # [G, S] int32
-    if EVEN:
-        x = tl.load(x_ptr + base + offs).to(tl.float32)
-        mn = tl.reduce(x, 1, _nan_min)
-        mx = tl.reduce(x, 1, _nan_max)
-    else:
-        valid = offs < n_elements - base
-        x = tl.load(x_ptr + base + offs, mask=valid, other=0.0).to(tl.float32)
-        mn = tl.reduce(tl.where(valid, x, float("inf")), 1, _nan_min)                      # [G]
-        mx = tl.reduce(tl.where(valid, x, float("-inf")), 1, _nan_max)
-
     levels = tl.full((), LEVELS, tl.float32)
     # A wide group (finite, but mx - mn overflows fp32: +-3e38) runs at half scale, exactly; for
     # every other group h = 1 and these are (mx - mn) / L and (x - mn) * inv (reference.py).
@@ -153,10 +131,14 @@ def _quantize_kernel(
     else:
         q = q + 0.5
     # clamp(floor(t), 0, L) == trunc(clamp(t, 0, L)): truncation is floor for t >= 0 (NaN -> 0)
-    c = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
-    if not EVEN:
-        c = tl.where(valid, c, 0)                                       # unused high bits stay 0
+    return scale, tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
 
+
+@triton.jit
+def _store_packed_codes(codes_ptr, c, pid, offs, n_bytes,
+                        BITS: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """The [G, S] codes `c` of program `pid`, PER = 8 // BITS to a byte."""
+    PER: tl.constexpr = 8 // BITS
     bytes_base = pid * (BLOCK // PER)
     if PER == 1:
         b_offs = offs
@@ -171,6 +153,10 @@ def _quantize_kernel(
     else:
         tl.store(codes_ptr + bytes_base + b_offs, packed.to(tl.uint8), mask=b_offs < n_bytes - bytes_base)
 
+
+@triton.jit
+def _store_group_params(scale_ptr, offset_ptr, scale, mn, pid, n_groups, GROUPS: tl.constexpr, EVEN: tl.constexpr):
+    """Each group's scale and offset (its minimum)."""
     group = pid * GROUPS + tl.arange(0, GROUPS)
     if EVEN:
         tl.store(scale_ptr + group, scale)
@@ -179,6 +165,38 @@ def _quantize_kernel(
         gmask = group < n_groups
         tl.store(scale_ptr + group, scale, mask=gmask)
         tl.store(offset_ptr + group, mn, mask=gmask)
+
+
+@triton.jit(do_not_specialize=["k0", "k1"])
+def _quantize_kernel(
+    x_ptr, codes_ptr, scale_ptr, offset_ptr,
+    n_elements, n_groups, n_bytes,
+    k0, k1,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS: tl.constexpr, STOCHASTIC: tl.constexpr,
+    EVEN: tl.constexpr = False, IDX64: tl.constexpr = True,
+):
+    BLOCK: tl.constexpr = GROUPS * GROUP_SIZE
+
+    pid = tl.program_id(0)
+    if IDX64:
+        pid = pid.to(tl.int64)
+    base = pid * BLOCK
+    offs = tl.arange(0, GROUPS)[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]   # [G, S] int32
+    if EVEN:
+        x = tl.load(x_ptr + base + offs).to(tl.float32)
+        mn = tl.reduce(x, 1, _nan_min)
+        mx = tl.reduce(x, 1, _nan_max)
+    else:
+        valid = offs < n_elements - base
+        x = tl.load(x_ptr + base + offs, mask=valid, other=0.0).to(tl.float32)
+        mn = tl.reduce(tl.where(valid, x, float("inf")), 1, _nan_min)                      # [G]
+        mx = tl.reduce(tl.where(valid, x, float("-inf")), 1, _nan_max)
+
+    scale, c = _scale_and_codes(x, mn, mx, base, offs, k0, k1, BITS, STOCHASTIC, IDX64)
+    if not EVEN:
+        c = tl.where(valid, c, 0)                                       # unused high bits stay 0
+    _store_packed_codes(codes_ptr, c, pid, offs, n_bytes, BITS, BLOCK, EVEN)
+    _store_group_params(scale_ptr, offset_ptr, scale, mn, pid, n_groups, GROUPS, EVEN)
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int, stochastic: bool, seed: int):

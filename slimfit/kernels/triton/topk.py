@@ -23,22 +23,16 @@ the chunk that wastes the fewest lanes, so rows are not padded to a power of two
 3 x 256 lanes, 3000 = 3 x 1024, 2048 = 1 x 2048; EVEN rows (a whole number of chunks) run
 without masks. Rows that are not a multiple of 256 keep some masked lanes: 197 takes one chunk
 of 256 (chunks of 32 would waste less but cost more: each chunk's histogram is 256 bins).
-Rows sharing a program were tried (a flat tile of 5 rows of 197 in 1024 lanes, bins
-row * 256 + digit, each row's digit gathered back to its elements): 488 SASS instructions per
-element and 151 registers on sm_90a, against 254 and 70 for one row in 256 lanes; the per-row
-scans and reductions of the [rows, 256] histograms across warps cost more than the masked
-lanes they save. Trip counts are constexprs: no loop over a runtime bound, which triton 3.6's
-interpreter cannot run under numpy 2.
+One row per program: several short rows in one program (a flat tile, bins row * 256 + digit)
+need per-row scans and reductions of [rows, 256] histograms across warps, which cost more SASS
+instructions and registers than the masked lanes they save. Trip counts are constexprs: no loop
+over a runtime bound, which triton 3.6's interpreter cannot run under numpy 2.
 
-`tl.histogram` (with a mask) works in triton 3.6 to 3.9 and in their interpreters. Before 3.8
-it is lowered with warp ballots whose cost grows with the bins: a 256-bin histogram of 2048
-elements costs about 80 SASS instructions per element with 3.6 and 3.7 (two thirds of this
-kernel's count there), 10 with 3.8 and later, which count with one warp-aggregated
-shared-memory atomic per element. bench/kernels_static.py
-(triton 3.9) has the sm_90a table; the same kernels compiled with triton 3.6 count 551, 426,
-323 and 301 instructions per element for rows of 197, 768, 2048 and 8192 (the bisection kernel
-this replaced: 390, 424, 275 and 239 with 3.6, 1045, 1135, 891 and 233 with 3.9), and 385
-against 556 for rows of 65536.
+`tl.histogram` (with a mask) works in triton 3.6 to 3.9 and in their interpreters. Triton 3.6
+and 3.7 lower it with warp ballots whose cost grows with the bins (there a 256-bin histogram is
+most of this kernel's instructions); 3.8 and later count with one warp-aggregated shared-memory
+atomic per element. The sm_90a cost per row length (triton 3.9): bench/results/kernels_static_sm90.md
+(`python -m bench.kernels_static --only topk`).
 
 topk_restore writes whole rows in one kernel: each program stores the zeros of its rows,
 then (after a barrier) their kept values; ROWS short rows per program (contiguous in memory,

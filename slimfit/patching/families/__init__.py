@@ -10,7 +10,7 @@ defining `FAMILY`), listed once in `_MODULES` below:
 
 A family is found from `model.config.model_type`; unknown models get the generic patch. The class-name
 knowledge is pooled over every registered family (`known_classes`): a LlamaMLP is recognised wherever
-it sits, as before families held it. `register(family)` adds one at run time (tests, user code).
+it sits, in a model of any family or of none. `register(family)` adds one at run time (tests, user code).
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """One fine-tuning run of an image classifier (DINOv2 ViT-S/14 on Fashion-MNIST), plain or with
-any method given as `prepare(model, seed) -> Prepared`; the image twin of finetune.finetune."""
+any method given as `prepare(model, seed) -> Prepared`; the image twin of slimfit.demo.finetune.finetune,
+used by bench/accuracy.py --task fashion_mnist."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
-from .finetune import RunResult, _progress, prepare_preset, train_and_evaluate
+from slimfit.demo.finetune import RunResult, _progress, prepare_preset, train_and_evaluate
 
 
 @torch.no_grad()
