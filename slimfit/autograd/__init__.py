@@ -13,20 +13,31 @@
     linear_cross_entropy(x, weight, bias, labels, *, chunk_rows=256) / causal_lm_loss(...)   (LM head, no logits kept)
     fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
 
+Each compressing function takes its options as keywords or as one frozen, once-checked object
+(`options=`): LinearOptions, SampledLinearOptions, GELUOptions, SiLUOptions, SwiGLUOptions,
+LayerNormOptions, RMSNormOptions, MatmulOptions, AttentionOptions, FusedAttentionOptions, DropoutOptions,
+LinearCrossEntropyOptions; the autograd Function gets that object (slimfit.patching's options are or
+hold them).
+
 See docs/autograd.md for what each saves and the measured gradient errors.
 """
-from .attention import attention
+from ._norm import LayerNormOptions, RMSNormOptions
+from .attention import AttentionOptions, attention
 from .conv import conv
-from .dropout import dropout
-from .fused_attention import fused_attention
-from .gelu import gelu
+from .dropout import DropoutOptions, dropout
+from .fused_attention import FusedAttentionOptions, fused_attention
+from .gelu import GELUOptions, gelu
 from .layernorm import layer_norm
-from .linear import linear
-from .linear_cross_entropy import causal_lm_loss, linear_cross_entropy
-from .matmul import matmul
+from .linear import LinearOptions, linear
+from .linear_cross_entropy import LinearCrossEntropyOptions, causal_lm_loss, linear_cross_entropy
+from .matmul import MatmulOptions, matmul
 from .rmsnorm import rms_norm
-from .silu import silu, swiglu
+from .sampled_linear import SampledLinearOptions
+from .silu import SiLUOptions, SwiGLUOptions, silu, swiglu
 
 __all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
            "silu", "swiglu"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
+__all__ += ["AttentionOptions", "DropoutOptions", "FusedAttentionOptions", "GELUOptions", "LayerNormOptions",
+            "LinearCrossEntropyOptions", "LinearOptions", "MatmulOptions", "RMSNormOptions", "SampledLinearOptions",
+            "SiLUOptions", "SwiGLUOptions"]

@@ -9,6 +9,11 @@
   output dtype is what PyTorch gives for the same op and a backward called inside an autocast
   region does not re-cast the gradient math.
 * Argument checks whose errors name the problem (`check_float`, `check_bits`, ...).
+* Options objects: each compressing Function takes one frozen dataclass of its options (what is
+  saved and how: `LinearOptions`, `GELUOptions`, `LayerNormOptions`, ...), checked once in its
+  `__post_init__` with the checks below. `call_options(cls, options, **keywords)` gives a public
+  wrapper the object of one call: the one it was handed (built and checked once, e.g. at patch
+  time; nothing is checked again), or one built from its keywords.
 * Non-finite values through top-k: `lost_nonfinite(pruned)` flags the rows whose dropped entries may
   have been NaN/Inf, so a backward built on a top-k tensor can keep them visible (issue #30).
 * Double backward: every backward is wrapped in `backward_once(op)`; a backward run with
@@ -35,7 +40,7 @@ __all__ = [
     "backward_once", "once_differentiable", "save", "load", "restore", "compress_quantize",
     "compress_topk", "autocast_dtype", "no_autocast",
     "check_float", "check_bits", "check_group_size", "check_same_dtype", "check_same_device", "check_flag",
-    "check_eps", "check_keep_ratio", "lost_nonfinite", "QUANT_BITS",
+    "check_eps", "check_keep_ratio", "lost_nonfinite", "QUANT_BITS", "call_options",
 ]
 
 QUANT_BITS = SUPPORTED_BITS
@@ -150,6 +155,35 @@ def backward_once(op: str):
         return wrapper
 
     return decorate
+
+
+# ---------------------------------------------------------------- options objects
+def call_options(cls: type, options, accept: type | None = None, **keywords):
+    """The options object of one call of a public wrapper.
+
+    `options` given: it is used as it is (an instance of `cls`, or of `accept` when given, was checked
+    when it was built), so a patched module's forward checks nothing per call. A keyword given beside
+    it must be left at its default or agree with the object, else a TypeError names the contradiction
+    (a silently ignored keyword would be a wrong model). `options` None: a `cls` built from the
+    keywords (they are the dataclass fields, with the same defaults), checked once in its
+    `__post_init__`."""
+    if options is None:
+        return cls(**keywords)
+    accept = cls if accept is None else accept
+    if not isinstance(options, accept):
+        raise TypeError(f"slimfit.{cls.op}: options must be a {accept.__name__}, got {type(options).__name__}")
+    fields = accept.__dataclass_fields__  # not dataclasses.fields(cls): torch.compile traces this one
+    for name, value in keywords.items():
+        default, held = fields[name].default, getattr(options, name)
+        if not (_same(value, default) or _same(value, held)):
+            raise TypeError(f"slimfit.{cls.op}: {name}={value!r} contradicts options.{name}={held!r}; give it "
+                            "in one place (options=, or the keyword without options)")
+    return options
+
+
+def _same(value, other) -> bool:
+    """value is other, or equal to it with the same type (True is not 1, 8.0 is not 8)."""
+    return value is other or (type(value) is type(other) and value == other)
 
 
 # ---------------------------------------------------------------- mixed precision

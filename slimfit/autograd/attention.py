@@ -27,11 +27,15 @@ the calls no fused kernel takes (attention dropout on the CPU).
 `dropout_mode='on_v'` applies the dropout to V instead of P (O = P·dropout(V)), as the
 SlimFit research code does. It is a different model (it drops value features, not
 attention links), so it is opt-in; see docs/attention.md.
+
+Options: `AttentionOptions` (qkv_bits, probs, keep_ratio, group_size, dropout_mode, check_finite),
+checked once when built; scale, the mask, causality and the dropout probability are per call.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -41,6 +45,7 @@ from ..kernels.reference import apply_keep
 from ._common import (
     autocast_dtype,
     backward_once,
+    call_options,
     check_bits,
     check_flag,
     check_float,
@@ -54,11 +59,47 @@ from ._common import (
 )
 from .dropout import apply_seeded_dropout, draw_seed, keep_mask
 
-__all__ = ["attention", "check_mask", "PROBS_MODES", "DROPOUT_MODES", "topk_keep"]
+__all__ = ["attention", "check_mask", "PROBS_MODES", "DROPOUT_MODES", "topk_keep", "AttentionOptions"]
 
 PROBS_MODES = ("topk", "int8", "int4", "full", "recompute")
 DROPOUT_MODES = ("seed", "on_v")
 _PROBS_BITS = {"int8": 8, "int4": 4}
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What the materializing attention keeps, checked once, here.
+
+    qkv_bits: 8 (default), 4 or 2 to save Q, K, V quantized per group; None keeps them.
+    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full',
+    or 'recompute' (not saved: rebuilt in backward from the saved Q, K and the mask).
+    group_size: quantization group (32, 64, 128 or 256 consecutive elements).
+    dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
+    'on_v' (dropout on V, as the SlimFit research code; changes the model).
+    check_finite: raise on NaN/Inf in what is saved (one host sync per saved tensor; off by default)."""
+
+    op: ClassVar[str] = "attention"
+    qkv_bits: Optional[int] = 8
+    probs: str = "topk"
+    keep_ratio: float = 0.1
+    group_size: int = 128
+    dropout_mode: str = "seed"
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_flag(self.op, check_finite=self.check_finite)
+        if self.probs not in PROBS_MODES:
+            raise ValueError(f"slimfit.attention: probs must be one of {PROBS_MODES}, got {self.probs!r}")
+        ratio = self.keep_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0.0 < ratio <= 1.0):
+            raise ValueError(f"slimfit.attention: keep_ratio must be in (0, 1], got {ratio!r}")
+        check_bits(self.op, "qkv_bits", self.qkv_bits, allow_none=True)
+        check_group_size(self.op, self.group_size)
+        if self.dropout_mode not in DROPOUT_MODES:
+            raise ValueError(
+                f"slimfit.attention: dropout_mode must be one of {DROPOUT_MODES}, got {self.dropout_mode!r}")
+        object.__setattr__(self, "keep_ratio", float(ratio))
+        object.__setattr__(self, "group_size", int(self.group_size))
 
 
 def topk_keep(keep_ratio: float, row_length: int) -> int:
@@ -136,18 +177,18 @@ def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -
 
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, dropout_mode,
-                qkv_bits, probs, keep_ratio, group_size, check_finite=False):
+    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, options):
         compute_dtype = q.dtype
         seed = draw_seed() if dropout_p > 0.0 else None
         p32 = _probs(q, k, scale, attn_mask, is_causal)
-        out = _output(p32, v, dropout_p, dropout_mode, seed)
+        out = _output(p32, v, dropout_p, options.dropout_mode, seed)
         p = p32.to(compute_dtype)  # P is stored in the input dtype (no copy for fp32)
 
         # ---- what backward keeps: Q, K, V (quantized unless qkv_bits is None), compressed P
         # The NaN/Inf checks of the primitives read a value back to the host: a graph break
         # under torch.compile, so they are skipped while compiling.
-        check = check_finite and not torch.compiler.is_compiling()
+        check = options.check_finite and not torch.compiler.is_compiling()
+        qkv_bits, probs, group_size = options.qkv_bits, options.probs, options.group_size
         if qkv_bits is None:
             saved_qkv = (q, k, v)
         else:
@@ -161,7 +202,7 @@ class _AttentionFn(torch.autograd.Function):
             saved_p = p
         elif probs == "topk":
             # P >= 0, so the largest by value are the largest by magnitude (cheaper key).
-            saved_p = topk_prune(p, k=topk_keep(keep_ratio, p.shape[-1]), by_magnitude=False,
+            saved_p = topk_prune(p, k=topk_keep(options.keep_ratio, p.shape[-1]), by_magnitude=False,
                                  check_finite=check)
         else:  # int8 / int4, quantized from the fp32 probabilities
             saved_p = quantize(p32, _PROBS_BITS[probs], group_size, check_finite=check)
@@ -175,7 +216,7 @@ class _AttentionFn(torch.autograd.Function):
         ctx.is_causal = is_causal
         ctx.seed = None if seed_tensor is not None else seed
         ctx.dropout_p = dropout_p
-        ctx.dropout_mode = dropout_mode
+        ctx.dropout_mode = options.dropout_mode
         ctx.mask_shape = None
         ctx.mask_dtype = None
         if attn_mask is not None and attn_mask.is_floating_point():
@@ -244,13 +285,13 @@ class _AttentionFn(torch.autograd.Function):
         if lost is not None:
             grad_v = grad_v + lost
         grad_v = grad_v.to(compute_dtype) if ctx.needs_input_grad[2] else None
-        return (grad_q, grad_k, grad_v, grad_mask) + (None,) * 9
+        return grad_q, grad_k, grad_v, grad_mask, None, None, None, None
 
 
 # ------------------------------------------------------------------ validation
 
-def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
-           dropout_mode, scale, autocast_on):
+def _check_tensors(q, k, v, autocast_on):
+    """q, k, v: float tensors of one dtype (unless autocast casts them) and device, with fitting shapes."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float("attention", name, t)
         if t.dim() < 2:
@@ -278,14 +319,10 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio
         raise ValueError(
             f"slimfit.attention: q, k, v are on different devices: {q.device}, {k.device}, {v.device}"
         )
-    if probs not in PROBS_MODES:
-        raise ValueError(f"slimfit.attention: probs must be one of {PROBS_MODES}, got {probs!r}")
-    if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, (int, float)) or not (0.0 < keep_ratio <= 1.0):
-        raise ValueError(f"slimfit.attention: keep_ratio must be in (0, 1], got {keep_ratio!r}")
-    check_bits("attention", "qkv_bits", qkv_bits, allow_none=True)
-    check_group_size("attention", group_size)
-    if dropout_mode not in DROPOUT_MODES:
-        raise ValueError(f"slimfit.attention: dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
+
+
+def _check_call(q, k, attn_mask, is_causal, dropout_p, scale):
+    """The per-call arguments (the options are checked when built)."""
     if not (0.0 <= float(dropout_p) <= 1.0):
         raise ValueError(f"slimfit.attention: dropout_p must be in [0, 1], got {dropout_p!r}")
     if scale is not None and not math.isfinite(float(scale)):
@@ -340,6 +377,7 @@ def attention(
     group_size: int = 128,
     dropout_mode: str = "seed",
     check_finite: bool = False,
+    options: Optional[AttentionOptions] = None,
 ) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v with compressed activations saved for backward.
 
@@ -347,21 +385,18 @@ def attention(
     scale: defaults to 1/sqrt(D). attn_mask: bool (True = attend) or additive float,
     broadcastable to (..., Sq, Sk); is_causal: top-left aligned causal mask (as SDPA).
     dropout_p: attention dropout, applied only when `training`.
-    qkv_bits: 8 (default), 4 or 2 to save Q, K, V quantized per group; None keeps them.
-    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full',
-    or 'recompute' (not saved: rebuilt in backward from the saved Q, K and the mask).
-    group_size: quantization group (32, 64, 128 or 256 consecutive elements).
-    dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
-    'on_v' (dropout on V, as the SlimFit research code; changes the model).
-    check_finite: raise on NaN/Inf in what is saved (one host sync per saved tensor; off by default).
+    qkv_bits, probs, keep_ratio, group_size, dropout_mode, check_finite: what is saved (AttentionOptions
+    says what each means); or `options`, an AttentionOptions built once (a patched model's): not checked again.
     Rows whose every key is masked give a zero output and zero gradients (as PyTorch).
     Under torch.autocast, q, k, v (and a float mask) are cast to the autocast dtype and the
     output has that dtype, as scaled_dot_product_attention.
     """
     amp_dtype = autocast_dtype(q.device.type) if isinstance(q, Tensor) else None
-    check_flag("attention", training=training, check_finite=check_finite)
-    _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, probs, keep_ratio, group_size,
-           dropout_mode, scale, amp_dtype is not None)
+    check_flag("attention", training=training)
+    _check_tensors(q, k, v, amp_dtype is not None)
+    options = call_options(AttentionOptions, options, qkv_bits=qkv_bits, probs=probs, keep_ratio=keep_ratio,
+                           group_size=group_size, dropout_mode=dropout_mode, check_finite=check_finite)
+    _check_call(q, k, attn_mask, is_causal, dropout_p, scale)
     if amp_dtype is not None:
         q, k, v = q.to(amp_dtype), k.to(amp_dtype), v.to(amp_dtype)
     if amp_dtype is not None and attn_mask is not None and attn_mask.is_floating_point():
@@ -377,8 +412,5 @@ def attention(
         if not needs_graph:  # inference: nothing to save, plain math
             seed = draw_seed() if p_drop > 0.0 else None
             p32 = _probs(q, k, float(scale), attn_mask, bool(is_causal))
-            return _output(p32, v, p_drop, dropout_mode, seed)
-        return _AttentionFn.apply(
-            q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, dropout_mode,
-            qkv_bits, probs, float(keep_ratio), int(group_size), bool(check_finite),
-        )
+            return _output(p32, v, p_drop, options.dropout_mode, seed)
+        return _AttentionFn.apply(q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, options)

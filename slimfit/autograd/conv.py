@@ -48,13 +48,13 @@ def _tuple(value, n: int, name: str) -> tuple:
 
 class _FrozenConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, compute_dtype):
+    def forward(ctx, x, weight, bias, geometry, compute_dtype):
+        """geometry: (stride, padding, dilation, groups), the tuples already expanded to the dimension."""
         n = weight.dim() - 2
         with no_autocast(x.device.type):
-            out = _CONV[n](x.to(compute_dtype), weight.to(compute_dtype), cast(bias, compute_dtype),
-                           stride, padding, dilation, groups)
+            out = _CONV[n](x.to(compute_dtype), weight.to(compute_dtype), cast(bias, compute_dtype), *geometry)
         save(ctx, weight if ctx.needs_input_grad[0] else None)
-        ctx.conv = (stride, padding, dilation, groups)
+        ctx.conv = geometry
         ctx.device_type = x.device.type
         ctx.compute_dtype = compute_dtype
         ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
@@ -84,7 +84,7 @@ class _FrozenConv(torch.autograd.Function):
                 grad_x = gx.to(ctx.x_dtype)
             if need_b:
                 grad_b = gb.to(ctx.b_dtype)
-        return grad_x, None, grad_b, None, None, None, None, None
+        return grad_x, None, grad_b, None, None
 
 
 def conv(
@@ -118,4 +118,4 @@ def conv(
     if compute_dtype is None:
         check_same_dtype("conv", input=x, weight=weight, bias=bias)
         compute_dtype = x.dtype
-    return _FrozenConv.apply(x, weight, bias, stride, padding, dilation, groups, compute_dtype)
+    return _FrozenConv.apply(x, weight, bias, (stride, padding, dilation, groups), compute_dtype)

@@ -14,8 +14,13 @@ tensor drawn inside the graph, and `apply_seeded_dropout` computes the same mask
 tensor ops (the counter-based hash of slimfit/kernels/rng.py, bit for bit), which dynamo and
 Inductor trace; backward regenerates the mask from that seed, saved for backward (8 bytes), in
 both modes.
+
+Options: `DropoutOptions` (the mode), checked once when built; p and the seed are per call.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -23,10 +28,25 @@ from ..kernels import rng
 from ..kernels.api import dropout_mask, pack_bits, seeded_dropout, unpack_bits
 from ..kernels.reference import apply_keep
 from ..kernels.validation import check_dropout_p, check_seed
-from ._common import backward_once, check_flag, check_float, load, no_autocast, save
+from ._common import backward_once, call_options, check_flag, check_float, load, no_autocast, save
 from .seeds import reset_side_seeds
 
-__all__ = ["dropout", "draw_seed", "apply_seeded_dropout", "keep_mask"]
+__all__ = ["dropout", "draw_seed", "apply_seeded_dropout", "keep_mask", "DropoutOptions"]
+
+_MODES = ("seed", "bitmask")
+
+
+@dataclass(frozen=True)
+class DropoutOptions:
+    """How backward gets the mask: regenerated from the seed ('seed', 0 bytes) or saved at one bit per
+    element ('bitmask'). Checked once, here."""
+
+    op: ClassVar[str] = "dropout"
+    mode: str = "seed"
+
+    def __post_init__(self):
+        if self.mode not in _MODES:
+            raise ValueError(f"slimfit.dropout: mode must be 'seed' or 'bitmask', got {self.mode!r}")
 
 
 def draw_seed():
@@ -96,14 +116,13 @@ class _TracedDropout(torch.autograd.Function):
         (seed,) = ctx.saved_tensors
         return _traced_seeded_dropout(grad_out, ctx.p, seed), None, None
 
-_MODES = ("seed", "bitmask")
-
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p, mode, seed):
+    def forward(ctx, x, p, options, seed):
         if seed is None:
             seed = _eager_seed()
+        mode = options.mode
         with no_autocast(x.device.type):
             if mode == "bitmask":
                 keep = dropout_mask(x, p, seed)
@@ -136,13 +155,14 @@ def dropout(
     *,
     mode: str = "seed",
     seed: int | None = None,
+    options: DropoutOptions | None = None,
 ) -> torch.Tensor:
-    """Inverted dropout with probability p; the identity when not training or p == 0."""
+    """Inverted dropout with probability p; the identity when not training or p == 0.
+    options: a DropoutOptions built once (a patched module's), instead of `mode`."""
     check_float("dropout", "input", x)
     check_dropout_p(p)
     check_flag("dropout", training=training)
-    if mode not in _MODES:
-        raise ValueError(f"slimfit.dropout: mode must be 'seed' or 'bitmask', got {mode!r}")
+    options = call_options(DropoutOptions, options, mode=mode)
     if seed is not None:
         check_seed(seed, "dropout")
     if not training or p == 0.0:
@@ -154,4 +174,4 @@ def dropout(
         return _TracedDropout.apply(x, float(p), seed_t)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return seeded_dropout(x, float(p), _eager_seed() if seed is None else int(seed))
-    return _Dropout.apply(x, float(p), mode, seed)
+    return _Dropout.apply(x, float(p), options, seed)

@@ -30,11 +30,15 @@ uses 'saved' (a recomputed forward would draw another mask).
 
 The CUDA branch follows PyTorch's own SDPA composite (mask padding for the efficient
 kernel, philox state, lse padding) but could not be run here: no GPU in this task.
+
+Options: `FusedAttentionOptions` (qkv_bits, group_size, backward, check_finite), checked once when
+built; scale, the mask, causality, dropout and the kernel are per call.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -44,6 +48,7 @@ from ..kernels.validation import FLOAT_DTYPES
 from ._common import (
     autocast_dtype,
     backward_once,
+    call_options,
     check_bits,
     check_flag,
     check_float,
@@ -57,11 +62,36 @@ from ._common import (
 )
 from .attention import check_mask
 
-__all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes"]
+__all__ = ["fused_attention", "fused_kernel", "BACKWARD_MODES", "quantized_bytes", "FusedAttentionOptions"]
 
 BACKWARD_MODES = ("recompute", "saved")
 _aten = torch.ops.aten
 _MEM_EFF_ALIGNMENT = 8  # elements; the efficient kernel's bias rows must start aligned (as SDPA pads)
+
+
+@dataclass(frozen=True)
+class FusedAttentionOptions:
+    """What the fused path keeps, checked once, here.
+
+    qkv_bits: 8/4/2 to save Q/K/V quantized per group of `group_size`, or None (kept as they are).
+    backward: 'recompute' (rerun the fused forward on the dequantized Q/K/V in backward; keeps nothing
+    else) or 'saved' (keep O and the exact logsumexp).
+    check_finite: raise on NaN/Inf in Q/K/V when saving them (one host sync per tensor; off by default)."""
+
+    op: ClassVar[str] = "fused_attention"
+    qkv_bits: Optional[int] = 8
+    group_size: int = 128
+    backward: str = "recompute"
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_flag(self.op, check_finite=self.check_finite)
+        if self.backward not in BACKWARD_MODES:
+            raise ValueError(
+                f"slimfit.fused_attention: backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
+        check_bits(self.op, "qkv_bits", self.qkv_bits, allow_none=True)
+        check_group_size(self.op, self.group_size)
+        object.__setattr__(self, "group_size", int(self.group_size))
 
 
 def quantized_bytes(numel: int, bits: int, group_size: int) -> int:
@@ -214,16 +244,17 @@ _EXTRA_TENSORS = ("cum_q", "cum_k", "philox_seed", "philox_offset")
 
 class _FusedAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, kernel, qkv_bits, group_size, mode,
-                check_finite=False):
+    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, kernel, options):
         out, lse, extras = _forward_op(kernel, q, k, v, attn_mask, dropout_p, is_causal, scale)
-        check = check_finite and not torch.compiler.is_compiling()  # the NaN/Inf check reads a value on the host
-        if qkv_bits is None:
+        # the NaN/Inf check reads a value on the host
+        check = options.check_finite and not torch.compiler.is_compiling()
+        if options.qkv_bits is None:
             saved = [q, k, v]
         else:
             # in memory order: transposed views of a projection are quantized without a copy
-            saved = [quantize(x, qkv_bits, group_size, check_finite=check, storage_order=True) for x in (q, k, v)]
-        keep_forward = mode == "saved" or dropout_p > 0.0  # a recomputed forward would draw another mask
+            saved = [quantize(x, options.qkv_bits, options.group_size, check_finite=check, storage_order=True)
+                     for x in (q, k, v)]
+        keep_forward = options.backward == "saved" or dropout_p > 0.0  # a recomputed forward would draw another mask
         saved += [attn_mask, out if keep_forward else None, lse if keep_forward else None]
         saved += [extras.get(name) for name in _EXTRA_TENSORS]
         save(ctx, *saved)
@@ -249,14 +280,14 @@ class _FusedAttentionFn(torch.autograd.Function):
             grad_q, grad_k, grad_v = _backward_op(ctx.kernel, grad_out, q, k, v, out, lse, extras, mask,
                                                   ctx.dropout_p, ctx.is_causal, ctx.scale, ctx.needs_input_grad[:3])
         needs = ctx.needs_input_grad
-        return (grad_q if needs[0] else None, grad_k if needs[1] else None, grad_v if needs[2] else None) + (None,) * 9
+        return (grad_q if needs[0] else None, grad_k if needs[1] else None, grad_v if needs[2] else None) + (None,) * 6
 
 
 # ------------------------------------------------------------------ public entry
 
-def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale):
-    """Every argument checked before a kernel is chosen, so a mistake (mixed dtypes or devices, a mask
-    that does not fit) is named as such, not reported as "no fused kernel takes these inputs"."""
+def _check_tensors(q, k, v):
+    """q, k, v checked before a kernel is chosen, so a mistake (mixed dtypes or devices) is named as such,
+    not reported as "no fused kernel takes these inputs"."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float("fused_attention", name, t)
         if t.dim() != 4:
@@ -270,10 +301,10 @@ def _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backw
     check_same_device("fused_attention", q=q, k=k, v=v)
     if autocast_dtype(q.device.type) is None:  # autocast casts them to one dtype
         check_same_dtype("fused_attention", q=q, k=k, v=v)
-    if backward not in BACKWARD_MODES:
-        raise ValueError(f"slimfit.fused_attention: backward must be one of {BACKWARD_MODES}, got {backward!r}")
-    check_bits("fused_attention", "qkv_bits", qkv_bits, allow_none=True)
-    check_group_size("fused_attention", group_size)
+
+
+def _check_call(q, k, attn_mask, is_causal, dropout_p, scale):
+    """The per-call arguments (the options are checked when built; a mask that does not fit is named)."""
     if not (0.0 <= float(dropout_p) <= 1.0):
         raise ValueError(f"slimfit.fused_attention: dropout_p must be in [0, 1], got {dropout_p!r}")
     if scale is not None and not math.isfinite(float(scale)):
@@ -295,22 +326,25 @@ def fused_attention(
     group_size: int = 128,
     backward: str = "recompute",
     check_finite: bool = False,
+    options: Optional[FusedAttentionOptions] = None,
 ) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v through PyTorch's fused kernel; Q/K/V saved compressed.
 
     q: (B, Hq, Sq, D); k: (B, Hk, Sk, D); v: (B, Hk, Sk, Dv) with Hq a multiple of Hk
     (grouped-query attention: query head j reads kv head j // (Hq/Hk); K/V are never saved
     expanded). attn_mask: bool (True = attend) or additive float, broadcastable to
-    (B, Hq, Sq, Sk); is_causal: top-left aligned, as SDPA. qkv_bits: 8/4/2 or None (keep).
-    backward: 'recompute' (rerun the fused forward on the dequantized Q/K/V in backward;
-    keeps nothing else) or 'saved' (keep O and the exact logsumexp). check_finite: raise on
-    NaN/Inf in Q/K/V when saving them (one host sync per tensor; off by default).
+    (B, Hq, Sq, Sk); is_causal: top-left aligned, as SDPA. qkv_bits, group_size, backward,
+    check_finite: what is saved (FusedAttentionOptions says what each means); or `options`, a
+    FusedAttentionOptions built once (a patched model's): not checked again.
 
     Raises ValueError when no fused kernel takes these inputs (see `fused_kernel`; e.g.
     attention dropout on the CPU): use slimfit.autograd.attention there.
     """
-    check_flag("fused_attention", training=training, check_finite=check_finite)
-    _check(q, k, v, attn_mask, is_causal, dropout_p, qkv_bits, group_size, backward, scale)
+    check_flag("fused_attention", training=training)
+    _check_tensors(q, k, v)
+    options = call_options(FusedAttentionOptions, options, qkv_bits=qkv_bits, group_size=group_size,
+                           backward=backward, check_finite=check_finite)
+    _check_call(q, k, attn_mask, is_causal, dropout_p, scale)
     amp_dtype = autocast_dtype(q.device.type)
     if amp_dtype is not None:
         q, k, v = q.to(amp_dtype), k.to(amp_dtype), v.to(amp_dtype)
@@ -330,5 +364,4 @@ def fused_attention(
             with torch.no_grad():
                 out, _, _ = _forward_op(kernel, q, k, v, attn_mask, p_drop, bool(is_causal), float(scale))
             return out
-        return _FusedAttentionFn.apply(q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, kernel,
-                                       qkv_bits, int(group_size), backward, bool(check_finite))
+        return _FusedAttentionFn.apply(q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, kernel, options)

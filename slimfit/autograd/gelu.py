@@ -5,14 +5,21 @@ The forward is exact (`F.gelu`). Backward evaluates the exact derivative of the 
 `gelu_backward`, and casts the gradient to the input dtype. The dequantized input is the only full-size
 fp32 buffer backward makes: the gradient is written over it (elementwise, each element read before it is
 written), so an fp32 model's backward allocates one tensor, the gradient it returns.
+
+Options: `GELUOptions` (bits, the formula, the group size, rounding, the NaN/Inf check), checked once
+when built.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from ._common import (
     backward_once,
+    call_options,
     check_bits,
     check_flag,
     check_float,
@@ -24,18 +31,39 @@ from ._common import (
     save,
 )
 
-__all__ = ["gelu"]
+__all__ = ["gelu", "GELUOptions"]
 
 _APPROX = ("none", "tanh")
 
 
+@dataclass(frozen=True)
+class GELUOptions:
+    """A GELU's options: its input saved as `bits`-bit (8/4/2) codes per group of `group_size`,
+    rounded to nearest or stochastically; `approximate` the formula ('none': erf, 'tanh'); `check_finite`
+    raises on NaN/Inf in what is saved. Checked once, here."""
+
+    op: ClassVar[str] = "gelu"
+    bits: int = 4
+    approximate: str = "none"
+    group_size: int = 128
+    stochastic: bool = False
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_bits(self.op, "bits", self.bits)
+        check_group_size(self.op, self.group_size)
+        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
+        if self.approximate not in _APPROX:
+            raise ValueError(f"slimfit.{self.op}: approximate must be 'none' or 'tanh', got {self.approximate!r}")
+
+
 class _GELU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, bits, approximate, group_size, stochastic, check_finite=False):
+    def forward(ctx, x, options):
         with no_autocast(x.device.type):
-            out = F.gelu(x, approximate=approximate)
-        save(ctx, compress_quantize(x, bits, group_size, stochastic, check_finite))
-        ctx.approximate = approximate
+            out = F.gelu(x, approximate=options.approximate)
+        save(ctx, compress_quantize(x, options.bits, options.group_size, options.stochastic, options.check_finite))
+        ctx.approximate = options.approximate
         ctx.device_type = x.device.type
         return out
 
@@ -47,7 +75,7 @@ class _GELU(torch.autograd.Function):
             x = restore(q, torch.float32)  # a fresh buffer: the gradient is written over it
             grad = torch.ops.aten.gelu_backward.grad_input(grad_out.to(torch.float32), x, approximate=ctx.approximate,
                                                            grad_input=x)
-        return grad.to(q.dtype), None, None, None, None, None
+        return grad.to(q.dtype), None
 
 
 def gelu(
@@ -58,16 +86,15 @@ def gelu(
     group_size: int = 128,
     stochastic: bool = False,
     check_finite: bool = False,
+    options: GELUOptions | None = None,
 ) -> torch.Tensor:
     """`F.gelu(x, approximate=...)` saving x as `bits`-bit codes per group of `group_size`.
+    options: a GELUOptions built once (a patched module's), instead of the keywords: not checked again.
 
     Output dtype = input dtype (GELU is not cast by autocast, as in PyTorch)."""
     check_float("gelu", "input", x)
-    check_bits("gelu", "bits", bits)
-    check_group_size("gelu", group_size)
-    check_flag("gelu", stochastic=stochastic, check_finite=check_finite)
-    if approximate not in _APPROX:
-        raise ValueError(f"slimfit.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    options = call_options(GELUOptions, options, bits=bits, approximate=approximate, group_size=group_size,
+                           stochastic=stochastic, check_finite=check_finite)
     if not (torch.is_grad_enabled() and x.requires_grad):
-        return F.gelu(x, approximate=approximate)
-    return _GELU.apply(x, bits, approximate, group_size, bool(stochastic), bool(check_finite))
+        return F.gelu(x, approximate=options.approximate)
+    return _GELU.apply(x, options)

@@ -4,11 +4,8 @@ With g the output gradient, w the weight (1 when None), D the normalized size:
     gw = g * w
     dx = rstd * (gw - mean(gw) - x_hat * mean(gw * x_hat))       (means over the D entries of a row)
     dw = sum over rows of g * x_hat,   db = sum over rows of g
-so backward needs x_hat and rstd only. x_hat is saved as
-    'int8'  8-bit codes per group of `group_size` (x_hat has unit RMS per row: one scale fits)
-    'topk'  the `keep_ratio` largest-magnitude entries of each row (values in the input dtype,
-            int16 indices) -- the SlimFit code keeps 10% when the LayerNorm weight is frozen
-    'full'  uncompressed, in the input dtype.
+so backward needs x_hat and rstd only. x_hat is saved as `LayerNormOptions.save` says ('int8', 'topk' or
+'full'), by the helper RMSNorm shares (`_norm.save_normalized`; the formats are described there).
 NaN/Inf stay visible as in PyTorch's gradients: int8 and full keep them in x_hat; top-k keeps non-finite
 entries first, and a row that may have lost some (a row of NaN keeps k of D) makes every entry of dw
 NaN, as PyTorch's dw is (`_common.lost_nonfinite`).
@@ -21,36 +18,19 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ..kernels.api import PrunedTensor
 from ._common import (
-    NORM_SAVES,
     autocast_dtype,
     backward_once,
+    call_options,
     cast,
     check_eps,
-    check_flag,
     check_float,
-    check_group_size,
-    check_keep_ratio,
     check_same_device,
-    compress_quantize,
-    compress_topk,
-    load,
-    lost_nonfinite,
     no_autocast,
-    restore,
-    save,
 )
+from ._norm import LayerNormOptions, add_lost, load_normalized, save_normalized, topk_keep
 
-__all__ = ["layer_norm", "topk_keep"]
-
-_MODES = NORM_SAVES
-
-
-def topk_keep(keep_ratio: float, row_length: int) -> int:
-    """Entries of x_hat kept per row: ceil(keep_ratio * D), at least 1 (a tiny tolerance keeps
-    float noise from adding one: 0.1 * 30 = 3.0000000000000004)."""
-    return min(row_length, max(1, math.ceil(keep_ratio * row_length - 1e-9)))
+__all__ = ["layer_norm", "topk_keep", "LayerNormOptions"]
 
 
 def _addcmul_is_layer_norm() -> bool:
@@ -86,15 +66,11 @@ def _derives_output(x: torch.Tensor, weight, bias) -> bool:
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, normalized_shape, eps, mode, keep_ratio, group_size, stochastic, compute_dtype,
-                check_finite=False):
-        device_type = x.device.type
-        with no_autocast(device_type):
+    def forward(ctx, x, weight, bias, normalized_shape, eps, options, compute_dtype):
+        with no_autocast(x.device.type):
             xc = x if compute_dtype is None else x.to(compute_dtype)
             wc = weight if compute_dtype is None else cast(weight, compute_dtype)
             bc = bias if compute_dtype is None else cast(bias, compute_dtype)
-            d = math.prod(normalized_shape)
-            rows = xc.numel() // d
             # x_hat and rstd in fp32, normalized once (same kernel, same rows as on the (rows, d) view)
             xhat, _, rstd = torch.native_layer_norm(xc.to(torch.float32), normalized_shape, None, None, eps)
             if _derives_output(xc, wc, bc):
@@ -104,48 +80,24 @@ class _LayerNorm(torch.autograd.Function):
             # One normalized dimension: x_hat and rstd are kept in the input's shape (rows = every index but
             # the last), so backward needs no reshape; several: as (rows, d) and (rows, 1).
             flat = len(normalized_shape) == 1 and xc.dim() >= 2
-            if not flat:
-                xhat, rstd = xhat.reshape(rows, d), rstd.reshape(rows, 1)
-            if mode == "int8":
-                saved = compress_quantize(xhat, 8, group_size, stochastic, check_finite)
-            elif mode == "topk":
-                saved = compress_topk(xhat.to(xc.dtype), topk_keep(keep_ratio, d), check_finite)
-            else:
-                saved = xhat.to(xc.dtype)
-        save(ctx, saved, rstd, weight if ctx.needs_input_grad[0] else None)
-        ctx.device_type = device_type
-        ctx.rows, ctx.d, ctx.flat = rows, d, flat
+            save_normalized(ctx, options, x, xhat, rstd, weight, xc.dtype, math.prod(normalized_shape), flat)
         ctx.normalized_shape = tuple(normalized_shape)
-        ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
-        ctx.w_dtype = None if weight is None else weight.dtype
         ctx.b_dtype = None if bias is None else bias.dtype
         return out
 
     @staticmethod
     @backward_once("layer_norm")
     def backward(ctx, grad_out):
-        saved, rstd, weight = load(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_w = grad_b = None
-        rows, d = ctx.rows, ctx.d
         with no_autocast(ctx.device_type):
-            g = grad_out.to(torch.float32)
-            # In the input's shape when the rows are contiguous there: the same reductions, element for
-            # element, as on the (rows, d) view. Otherwise (a strided or expanded gradient, several
-            # normalized dimensions) on (rows, d), as reshape gives it.
-            flat = ctx.flat and g.is_contiguous()
-            if not flat:
-                g = g.reshape(rows, d)
-                if ctx.flat:
-                    rstd = rstd.reshape(rows, 1)
+            # in the input's shape when the rows are contiguous there, else on (rows, d) (`flat` False)
+            g, xhat, rstd, weight, saved, flat = load_normalized(ctx, grad_out, need_x or need_w)
             lead = tuple(range(g.dim() - 1))  # the row dimensions, reduced for dw and db
             if need_x or need_w:
-                xhat = restore(saved, torch.float32)
-                if not flat and ctx.flat:
-                    xhat = xhat.reshape(rows, d)
                 w = None if weight is None else weight.to(torch.float32)
                 if w is not None and w.dim() != 1 and not flat:
-                    w = w.reshape(d)
+                    w = w.reshape(ctx.d)
                 # PyTorch's own LayerNorm backward (one kernel) run on x̂ as the input, with mean 0 and
                 # rstd 1: its dx is (gw - mean(gw) - x̂·mean(gw·x̂)), to be scaled by the real rstd;
                 # its dw is sum(g·x̂). Same math as the eager formula, in one pass instead of ~15 ops.
@@ -160,14 +112,13 @@ class _LayerNorm(torch.autograd.Function):
                 if need_x:
                     dx = dx.mul_(rstd)
                     grad_x = (dx if flat else dx.view(ctx.x_shape)).to(ctx.x_dtype)
-                if need_w:
-                    if isinstance(saved, PrunedTensor):  # non-finite entries top-k dropped reach dw
-                        dw = dw + lost_nonfinite(saved).sum()
+                if need_w:  # non-finite entries top-k dropped reach dw
+                    dw = add_lost(dw, saved)
                     grad_w = (dw if flat else dw.view(ctx.normalized_shape)).to(ctx.w_dtype)
             if need_b:
                 grad_b = g.sum(lead)
                 grad_b = (grad_b if flat else grad_b.view(ctx.normalized_shape)).to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def _check_affine_dtypes(x: torch.Tensor, weight, bias) -> None:
@@ -184,19 +135,18 @@ def _check_affine_dtypes(x: torch.Tensor, weight, bias) -> None:
                     "(or float32 for a float16 / bfloat16 input)")
 
 
-def _check(x, normalized_shape, weight, bias, eps, save, keep_ratio, group_size, stochastic, check_finite) -> tuple:
-    """Every argument checked before anything runs; returns normalized_shape as a tuple of ints."""
+def _check_tensors(x, weight, bias) -> None:
+    """input, weight and bias: float tensors on one device, affine dtypes as F.layer_norm takes them."""
     check_float("layer_norm", "input", x)
     check_float("layer_norm", "weight", weight)
     check_float("layer_norm", "bias", bias)
     check_same_device("layer_norm", input=x, weight=weight, bias=bias)
     _check_affine_dtypes(x, weight, bias)
-    if save not in _MODES:
-        raise ValueError(f"slimfit.layer_norm: save must be one of {_MODES}, got {save!r}")
-    check_keep_ratio("layer_norm", keep_ratio)
-    check_group_size("layer_norm", group_size)
+
+
+def _check_shape(x, normalized_shape, weight, bias, eps) -> tuple:
+    """eps and the shapes checked; returns normalized_shape as a tuple of ints."""
     check_eps("layer_norm", eps)
-    check_flag("layer_norm", stochastic=stochastic, check_finite=check_finite)
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     if not all(_is_size(s) for s in normalized_shape):
@@ -240,13 +190,18 @@ def layer_norm(
     group_size: int = 128,
     stochastic: bool = False,
     check_finite: bool = False,
+    options: LayerNormOptions | None = None,
 ) -> torch.Tensor:
     """`F.layer_norm` saving x_hat per `save` ('int8' | 'topk' | 'full') plus fp32 rstd per row.
+    options: a LayerNormOptions built once (a patched module's), instead of save, keep_ratio, group_size,
+    stochastic and check_finite: not checked again.
 
     Output dtype: as PyTorch (under CUDA autocast layer_norm runs in fp32; CPU autocast leaves
     it alone)."""
-    normalized_shape = _check(x, normalized_shape, weight, bias, eps, save, keep_ratio, group_size, stochastic,
-                              check_finite)
+    _check_tensors(x, weight, bias)
+    options = call_options(LayerNormOptions, options, save=save, keep_ratio=keep_ratio, group_size=group_size,
+                           stochastic=stochastic, check_finite=check_finite)
+    normalized_shape = _check_shape(x, normalized_shape, weight, bias, eps)
     # PyTorch's autocast runs layer_norm in fp32 on CUDA; CPU autocast does not touch it.
     compute_dtype = torch.float32 if (x.device.type == "cuda" and autocast_dtype("cuda") is not None) else None
     needs_graph = torch.is_grad_enabled() and any(
@@ -254,7 +209,4 @@ def layer_norm(
     )
     if not needs_graph:
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
-    return _LayerNorm.apply(
-        x, weight, bias, normalized_shape, float(eps), save, float(keep_ratio), group_size,
-        bool(stochastic), compute_dtype, bool(check_finite),
-    )
+    return _LayerNorm.apply(x, weight, bias, normalized_shape, float(eps), options, compute_dtype)

@@ -10,12 +10,16 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 
 from ._common import (
     autocast_dtype,
     backward_once,
+    call_options,
     cast,
     check_bits,
     check_flag,
@@ -30,12 +34,31 @@ from ._common import (
     save,
 )
 
-__all__ = ["linear"]
+__all__ = ["linear", "LinearOptions"]
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    """What a linear with a trainable weight keeps of its input: in full (`input_bits=None`) or
+    quantized to 8/4/2 bits per group of `group_size` elements, rounded to nearest or stochastically
+    (unbiased); `check_finite` raises on NaN/Inf in what is saved (one host read per tensor). Checked
+    once, here; `linear(..., options=)` takes the object without checking it again."""
+
+    op: ClassVar[str] = "linear"  # the op errors name
+    input_bits: int | None = None
+    group_size: int = 128
+    stochastic: bool = False
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_bits(self.op, "input_bits", self.input_bits, allow_none=True)
+        check_group_size(self.op, self.group_size)
+        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, input_bits, group_size, stochastic, compute_dtype, check_finite=False):
+    def forward(ctx, x, weight, bias, options, compute_dtype):
         device_type = x.device.type
         with no_autocast(device_type):
             xc = x.to(compute_dtype)
@@ -43,10 +66,11 @@ class _Linear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         saved_x = None
         if need_w:
-            if input_bits is None:
+            if options.input_bits is None:
                 saved_x = xc
             else:
-                saved_x = compress_quantize(xc, input_bits, group_size, stochastic, check_finite)
+                saved_x = compress_quantize(xc, options.input_bits, options.group_size, options.stochastic,
+                                            options.check_finite)
         # The weight is a parameter: saving it costs no activation memory. It is cast to the
         # compute dtype again in backward rather than saving an autocast copy of it.
         save(ctx, weight if need_x else None, saved_x)
@@ -71,7 +95,7 @@ class _Linear(torch.autograd.Function):
                 grad_w = g2.t().mm(x2).to(ctx.w_dtype)
             if need_b:
                 grad_b = g2.sum(0).to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None
 
 
 def record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype) -> None:
@@ -98,6 +122,30 @@ def input_grad(ctx, g2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return grad_x.to(ctx.x_dtype)
 
 
+def check_linear_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
+    """weight (out, in), x (..., in), bias (out,) or None; the errors name `op` (linear, sampled_linear)."""
+    if weight.dim() != 2:
+        raise ValueError(
+            f"slimfit.{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"slimfit.{op}: mismatched shapes: input {tuple(x.shape)} has last dimension "
+            f"{x.shape[-1] if x.dim() else None}, weight {tuple(weight.shape)} expects in_features={weight.shape[1]}"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"slimfit.{op}: mismatched shapes: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+
+
+def linear_compute_dtype(op: str, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.dtype:
+    """The autocast dtype when autocast is on, else the input's (mixed dtypes refused, as F.linear)."""
+    compute_dtype = autocast_dtype(x.device.type)
+    if compute_dtype is None:
+        check_same_dtype(op, input=x, weight=weight, bias=bias)
+        compute_dtype = x.dtype
+    return compute_dtype
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -107,6 +155,7 @@ def linear(
     group_size: int = 128,
     stochastic: bool = False,
     check_finite: bool = False,
+    options: LinearOptions | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` that saves only what its backward needs.
 
@@ -114,35 +163,19 @@ def linear(
     activation saved and no weight-gradient GEMM; trainable -> the input saved in full
     (`input_bits=None`) or quantized per group of `group_size` elements to `input_bits`
     (8, 4 or 2) bits, with stochastic (unbiased) or nearest rounding.
+    options: a LinearOptions built once (a patched module's), instead of the keywords: not checked again.
     """
     check_float("linear", "input", x)
     check_float("linear", "weight", weight)
     check_float("linear", "bias", bias)
-    check_bits("linear", "input_bits", input_bits, allow_none=True)
-    check_group_size("linear", group_size)
-    check_flag("linear", stochastic=stochastic, check_finite=check_finite)
+    options = call_options(LinearOptions, options, input_bits=input_bits, group_size=group_size,
+                           stochastic=stochastic, check_finite=check_finite)
     check_same_device("linear", input=x, weight=weight, bias=bias)
-    if weight.dim() != 2:
-        raise ValueError(
-            f"slimfit.linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
-        )
-    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"slimfit.linear: mismatched shapes: input {tuple(x.shape)} has last dimension "
-            f"{x.shape[-1] if x.dim() else None}, weight {tuple(weight.shape)} expects in_features={weight.shape[1]}"
-        )
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(
-            f"slimfit.linear: mismatched shapes: bias {tuple(bias.shape)} must be ({weight.shape[0]},)"
-        )
-    compute_dtype = autocast_dtype(x.device.type)
-    if compute_dtype is None:
-        check_same_dtype("linear", input=x, weight=weight, bias=bias)
-        compute_dtype = x.dtype
+    check_linear_shapes("linear", x, weight, bias)
+    compute_dtype = linear_compute_dtype("linear", x, weight, bias)
     needs_graph = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     if not needs_graph:
         return F.linear(x, weight, bias)
-    return _Linear.apply(x, weight, bias, input_bits, group_size, bool(stochastic), compute_dtype,
-                         bool(check_finite))
+    return _Linear.apply(x, weight, bias, options, compute_dtype)

@@ -30,8 +30,13 @@ its loss and its gradients are NaN, also for a row whose label is ignored (its z
 multiplied by NaN probabilities). torch.logsumexp gives ±Inf for such rows, which would leave finite
 gradient entries, so the row's logsumexp is made NaN; and an ignored row is dropped on the CPU only
 when it is finite (its gradients are then exactly zero, as PyTorch's).
+
+Options: `LinearCrossEntropyOptions` (ignore_index, chunk_rows), checked once when built.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +44,7 @@ import torch.nn.functional as F
 from ._common import (
     autocast_dtype,
     backward_once,
+    call_options,
     cast,
     check_float,
     check_same_device,
@@ -46,9 +52,24 @@ from ._common import (
     no_autocast,
 )
 
-__all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS"]
+__all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS", "LinearCrossEntropyOptions"]
 
 DEFAULT_CHUNK_ROWS = 256
+
+
+@dataclass(frozen=True)
+class LinearCrossEntropyOptions:
+    """The label that counts for nothing (`ignore_index`) and the rows of logits made at a time
+    (`chunk_rows`: the only S×vocab memory, chunk_rows × vocab fp32). Checked once, here."""
+
+    op: ClassVar[str] = "linear_cross_entropy"
+    ignore_index: int = -100
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+
+    def __post_init__(self):
+        rows = self.chunk_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {rows!r}")
 
 
 def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
@@ -80,7 +101,8 @@ def _ignored_rows_finite(x2: torch.Tensor, valid: torch.Tensor, weight: torch.Te
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, labels, denominator, ignore_index, chunk_rows, compute_dtype):
+    def forward(ctx, x, weight, bias, labels, denominator, options, compute_dtype):
+        ignore_index, chunk_rows = options.ignore_index, options.chunk_rows
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         eager = need_x and not (need_w or need_b)
         device_type = x.device.type
@@ -129,7 +151,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if ctx.eager:
             (grad_x,) = ctx.saved_tensors
-            return (grad_x * grad_loss).to(ctx.x_dtype), None, None, None, None, None, None, None
+            return (grad_x * grad_loss).to(ctx.x_dtype), None, None, None, None, None, None
         x, weight, bias, lse_all, labels, denominator = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         cd, rows, n = ctx.compute_dtype, ctx.chunk_rows, x.shape[0]
@@ -157,7 +179,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_b += g.sum(0)
         grad_w = None if grad_w is None else grad_w.to(ctx.w_dtype)
         grad_b = None if grad_b is None else grad_b.to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -172,8 +194,8 @@ def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
                          f"vocabulary) and is not ignore_index={ignore_index}")
 
 
-def _check_args(x, weight, bias, labels, num_items_in_batch, chunk_rows) -> None:
-    """Every argument checked before anything runs, each error naming the problem and the fix."""
+def _check_args(x, weight, bias, labels) -> None:
+    """The tensors checked before anything runs, each error naming the problem and the fix."""
     check_float("linear_cross_entropy", "input", x)
     check_float("linear_cross_entropy", "weight", weight)
     check_float("linear_cross_entropy", "bias", bias)
@@ -188,11 +210,21 @@ def _check_args(x, weight, bias, labels, num_items_in_batch, chunk_rows) -> None
     if tuple(labels.shape) != tuple(x.shape[:-1]):
         raise ValueError(f"slimfit.linear_cross_entropy: labels {tuple(labels.shape)} must have the input's "
                          f"leading shape {tuple(x.shape[:-1])}")
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {chunk_rows!r}")
+
+
+def _check_num_items(num_items_in_batch) -> None:
     if torch.is_tensor(num_items_in_batch) and num_items_in_batch.numel() != 1:
         raise ValueError("slimfit.linear_cross_entropy: num_items_in_batch must be one number (the count of "
                          f"labelled tokens), got a tensor of shape {tuple(num_items_in_batch.shape)}")
+
+
+def _denominator(num_items_in_batch, valid: torch.Tensor, device) -> torch.Tensor:
+    """What the summed loss is divided by: the count of labelled rows, or `num_items_in_batch` (fp32, 0-dim)."""
+    if num_items_in_batch is None:
+        return valid.sum().float()
+    if torch.is_tensor(num_items_in_batch):
+        return num_items_in_batch.to(device=device, dtype=torch.float32).reshape(())
+    return torch.tensor(float(num_items_in_batch), device=device)
 
 
 def linear_cross_entropy(
@@ -204,13 +236,18 @@ def linear_cross_entropy(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    options: LinearCrossEntropyOptions | None = None,
 ) -> torch.Tensor:
     """`F.cross_entropy(F.linear(x, weight, bias).float().view(-1, V), labels.view(-1), ignore_index=...)`
     (mean over non-ignored labels; or the sum divided by `num_items_in_batch` when given) without
     keeping the logits: `chunk_rows` rows of logits at a time. Returns a 0-d fp32 tensor.
 
-    x: (..., hidden); labels: integer tensor of x's leading shape (already shifted for a causal LM)."""
-    _check_args(x, weight, bias, labels, num_items_in_batch, chunk_rows)
+    x: (..., hidden); labels: integer tensor of x's leading shape (already shifted for a causal LM).
+    options: a LinearCrossEntropyOptions built once, instead of ignore_index and chunk_rows."""
+    _check_args(x, weight, bias, labels)
+    options = call_options(LinearCrossEntropyOptions, options, ignore_index=ignore_index, chunk_rows=chunk_rows)
+    _check_num_items(num_items_in_batch)
+    ignore_index = options.ignore_index
     compute_dtype = autocast_dtype(x.device.type)
     if compute_dtype is None:
         check_same_dtype("linear_cross_entropy", input=x, weight=weight, bias=bias)
@@ -220,18 +257,12 @@ def linear_cross_entropy(
     labels = labels.reshape(-1).to(device=x.device, dtype=torch.long)
     _check_labels(labels, weight.shape[0], ignore_index)
     valid = labels != ignore_index
-    if num_items_in_batch is None:
-        denominator = valid.sum().float()
-    elif torch.is_tensor(num_items_in_batch):
-        denominator = num_items_in_batch.to(device=x.device, dtype=torch.float32).reshape(())
-    else:
-        denominator = torch.tensor(float(num_items_in_batch), device=x.device)
+    denominator = _denominator(num_items_in_batch, valid, x.device)
     if x.device.type == "cpu" and not bool(valid.all()) and bool(_ignored_rows_finite(x2, valid, weight, bias)):
         # Ignored finite rows contribute nothing: skip their GEMMs (index_select's backward scatters zeros back).
         keep = valid.nonzero().squeeze(1)
         x2, labels = x2.index_select(0, keep), labels.index_select(0, keep)
-    return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, ignore_index, chunk_rows,
-                                     compute_dtype)
+    return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, options, compute_dtype)
 
 
 def causal_lm_loss(
@@ -244,14 +275,16 @@ def causal_lm_loss(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    options: LinearCrossEntropyOptions | None = None,
 ) -> torch.Tensor:
     """transformers' `ForCausalLMLoss(lm_head(hidden), labels, ...)` without the logits: position t
     predicts labels[t + 1] (the last position predicts nothing), unless `shift_labels` is given
-    (then used as is). hidden: (batch, seq, hidden_size)."""
+    (then used as is). hidden: (batch, seq, hidden_size). options: as in `linear_cross_entropy`."""
     if shift_labels is None:
         if labels is None:
             raise ValueError("slimfit.causal_lm_loss: give labels or shift_labels")
         labels = labels.to(hidden.device)
-        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        ignored = ignore_index if options is None else options.ignore_index
+        shift_labels = F.pad(labels, (0, 1), value=ignored)[..., 1:]
     return linear_cross_entropy(hidden, weight, bias, shift_labels.to(hidden.device), ignore_index=ignore_index,
-                                num_items_in_batch=num_items_in_batch, chunk_rows=chunk_rows)
+                                num_items_in_batch=num_items_in_batch, chunk_rows=chunk_rows, options=options)

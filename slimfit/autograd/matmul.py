@@ -4,14 +4,19 @@ out = a @ b with a (..., n, k), b (..., k, m) and broadcastable batch dimensions
     grad_a = grad @ b^T   needs b, saved only when a requires grad (b_bits: 8/4/2 bits or None = full)
     grad_b = a^T @ grad   needs a, saved only when b requires grad (a_bits likewise)
 Under autocast both sides are cast to the autocast dtype, as torch.matmul is.
+Options: `MatmulOptions` (each side's bits, the group size, rounding, the NaN/Inf check), checked once.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ._common import (
     autocast_dtype,
     backward_once,
+    call_options,
     check_bits,
     check_flag,
     check_float,
@@ -25,16 +30,36 @@ from ._common import (
     save,
 )
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "MatmulOptions"]
 
 
-def _save_side(t: torch.Tensor, bits, group_size, stochastic, check_finite=False):
-    return t if bits is None else compress_quantize(t, bits, group_size, stochastic, check_finite)
+@dataclass(frozen=True)
+class MatmulOptions:
+    """What is saved of each side: in full (None) or quantized to 8/4/2 bits per group of `group_size`,
+    rounded to nearest or stochastically; `check_finite` raises on NaN/Inf in what is saved. Checked once."""
+
+    op: ClassVar[str] = "matmul"
+    a_bits: int | None = None
+    b_bits: int | None = None
+    group_size: int = 128
+    stochastic: bool = False
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_bits(self.op, "a_bits", self.a_bits, allow_none=True)
+        check_bits(self.op, "b_bits", self.b_bits, allow_none=True)
+        check_group_size(self.op, self.group_size)
+        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
+
+
+def _save_side(t: torch.Tensor, bits, options: MatmulOptions):
+    return t if bits is None else compress_quantize(t, bits, options.group_size, options.stochastic,
+                                                    options.check_finite)
 
 
 class _Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, a_bits, b_bits, group_size, stochastic, compute_dtype, check_finite=False):
+    def forward(ctx, a, b, options, compute_dtype):
         device_type = a.device.type
         with no_autocast(device_type):
             ac, bc = a.to(compute_dtype), b.to(compute_dtype)
@@ -42,8 +67,8 @@ class _Matmul(torch.autograd.Function):
         need_a, need_b = ctx.needs_input_grad[:2]
         save(
             ctx,
-            _save_side(ac, a_bits, group_size, stochastic, check_finite) if need_b else None,
-            _save_side(bc, b_bits, group_size, stochastic, check_finite) if need_a else None,
+            _save_side(ac, options.a_bits, options) if need_b else None,
+            _save_side(bc, options.b_bits, options) if need_a else None,
         )
         ctx.device_type, ctx.compute_dtype = device_type, compute_dtype
         ctx.a_shape, ctx.b_shape = tuple(a.shape), tuple(b.shape)
@@ -65,7 +90,7 @@ class _Matmul(torch.autograd.Function):
             if need_b:
                 a = restore(saved_a, cd)
                 grad_b = torch.matmul(a.transpose(-1, -2), g).sum_to_size(ctx.b_shape).to(ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None
 
 
 def matmul(
@@ -77,15 +102,15 @@ def matmul(
     group_size: int = 128,
     stochastic: bool = False,
     check_finite: bool = False,
+    options: MatmulOptions | None = None,
 ) -> torch.Tensor:
     """`torch.matmul(a, b)` for a, b of at least 2 dimensions; a_bits / b_bits quantize what
-    is saved of each side (None keeps it in full)."""
+    is saved of each side (None keeps it in full). options: a MatmulOptions built once, instead of
+    the keywords: not checked again."""
     check_float("matmul", "a", a)
     check_float("matmul", "b", b)
-    check_bits("matmul", "a_bits", a_bits, allow_none=True)
-    check_bits("matmul", "b_bits", b_bits, allow_none=True)
-    check_group_size("matmul", group_size)
-    check_flag("matmul", stochastic=stochastic, check_finite=check_finite)
+    options = call_options(MatmulOptions, options, a_bits=a_bits, b_bits=b_bits, group_size=group_size,
+                           stochastic=stochastic, check_finite=check_finite)
     check_same_device("matmul", a=a, b=b)
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError(
@@ -109,5 +134,4 @@ def matmul(
         compute_dtype = a.dtype
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return torch.matmul(a, b)
-    return _Matmul.apply(a, b, a_bits, b_bits, group_size, bool(stochastic), compute_dtype,
-                         bool(check_finite))
+    return _Matmul.apply(a, b, options, compute_dtype)

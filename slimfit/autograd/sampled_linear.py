@@ -17,37 +17,66 @@ activation saved for backward is k rows instead of N:
   default generator without advancing it, so `torch.manual_seed` makes runs repeatable and
   reentrant checkpointing keeps the dropout masks: slimfit/autograd/seeds.py); the seed is kept
   on ctx as an int. No host synchronisation in forward or backward (fixed k slots).
+* Options: `SampledLinearOptions` (a `LinearOptions`, how kept rows are stored, plus ratio, k_min and
+  the sampler), checked once when built; the ids, the layer's NormCache and the seed are per call.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.validation import check_seed
 from ._common import (
-    autocast_dtype,
     backward_once,
+    call_options,
     cast,
-    check_bits,
-    check_flag,
     check_float,
-    check_group_size,
     check_same_device,
-    check_same_dtype,
     compress_quantize,
     load,
     no_autocast,
     restore,
     save,
 )
-from .linear import input_grad, linear, record_linear_meta
+from .linear import LinearOptions, check_linear_shapes, input_grad, linear, linear_compute_dtype, record_linear_meta
 from .norm_cache import NormCache, as_sample_ids
 from .seeds import side_seed
 from .wta_crs import SAMPLERS, check_ratio, num_kept_rows, sample_rows, sampling_probabilities
 
-__all__ = ["sampled_linear"]
+__all__ = ["sampled_linear", "SampledLinearOptions"]
+
+
+@dataclass(frozen=True)
+class SampledLinearOptions(LinearOptions):
+    """A LinearOptions (how the kept rows are stored: full or quantized) plus the sampling: k =
+    min(N, max(k_min, ceil(ratio·N))) of the N token rows kept, drawn by `sampler` ('wta_crs' or 'crs').
+    A frozen weight or k >= N runs `linear` with these options (they are LinearOptions). Checked once."""
+
+    op: ClassVar[str] = "sampled_linear"
+    ratio: float = 0.3
+    k_min: int = 10
+    sampler: str = "wta_crs"
+
+    def __post_init__(self):
+        check_ratio(self.op, self.ratio, self.k_min)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"slimfit.{self.op}: sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        super().__post_init__()
+        object.__setattr__(self, "ratio", float(self.ratio))
+
+
+class _Draw(NamedTuple):
+    """One call's draw: k rows kept, the seed of the draws, and the layer's NormCache with the batch's
+    sample ids (a tuple of Python ints), or None for both when no ids were given."""
+
+    k: int
+    seed: int
+    norm_cache: NormCache | None
+    sample_ids: tuple | None
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
@@ -65,8 +94,7 @@ def _nan_if_not_finite(t: torch.Tensor, dim=None) -> torch.Tensor:
 
 class _SampledLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, stale_g, k, sampler, seed, input_bits, group_size, stochastic,
-                compute_dtype, norm_cache, sample_ids, check_finite=False):
+    def forward(ctx, x, weight, bias, stale_g, options, draw, compute_dtype):
         device_type = x.device.type
         with no_autocast(device_type):
             xc = x.to(compute_dtype)
@@ -76,19 +104,20 @@ class _SampledLinear(torch.autograd.Function):
             # the seed only, so a bf16-autocast run keeps the rows an fp32 run keeps
             x_norms = torch.linalg.vector_norm(x.reshape(-1, x.shape[-1]), dim=1, dtype=torch.float32)
             p = sampling_probabilities(x_norms, stale_g)
-            rows = sample_rows(p, k, sampler, _generator(x.device, seed))
+            rows = sample_rows(p, draw.k, options.sampler, _generator(x.device, draw.seed))
             kept = x2.index_select(0, rows.indices)
             # a NaN/Inf anywhere in x makes the exact dW non-finite; the sampled rows may miss it, so
             # the scales carry it (NaN when x is not finite, else unchanged; no host read, 0 bytes)
             scales = rows.scales * (1.0 + _nan_if_not_finite(x2))
-            if input_bits is not None:
-                kept = compress_quantize(kept, input_bits, group_size, stochastic, check_finite)
+            if options.input_bits is not None:
+                kept = compress_quantize(kept, options.input_bits, options.group_size, options.stochastic,
+                                         options.check_finite)
         need_x = ctx.needs_input_grad[0]
         save(ctx, weight if need_x else None, kept, rows.indices.to(torch.int32), scales)
-        ctx.seed = seed
-        ctx.k = k
-        ctx.norm_cache = norm_cache      # a persistent per-layer store, not an activation
-        ctx.sample_ids = sample_ids      # tuple of Python ints (or None)
+        ctx.seed = draw.seed
+        ctx.k = draw.k
+        ctx.norm_cache = draw.norm_cache      # a persistent per-layer store, not an activation
+        ctx.sample_ids = draw.sample_ids      # tuple of Python ints (or None)
         record_linear_meta(ctx, x, xc, weight, bias, device_type, compute_dtype)
         return out
 
@@ -117,22 +146,12 @@ class _SampledLinear(torch.autograd.Function):
                 norms = torch.linalg.vector_norm(g2, dim=1, dtype=torch.float32)
                 ids = torch.tensor(ctx.sample_ids, dtype=torch.int64)
                 ctx.norm_cache.update(ids, norms.view(len(ctx.sample_ids), -1))
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
-def _check(x, weight, bias, ratio, k_min, sampler, input_bits, group_size, stochastic, check_finite,
-           generator_seed, norm_cache, sample_ids) -> None:
-    """Every argument of `sampled_linear` checked before anything runs, each error naming the problem."""
-    op = "sampled_linear"
-    check_float(op, "input", x)
-    check_float(op, "weight", weight)
-    check_float(op, "bias", bias)
-    check_ratio(op, ratio, k_min)
-    if sampler not in SAMPLERS:
-        raise ValueError(f"slimfit.{op}: sampler must be one of {SAMPLERS}, got {sampler!r}")
-    check_bits(op, "input_bits", input_bits, allow_none=True)
-    check_group_size(op, group_size)
-    check_flag(op, stochastic=stochastic, check_finite=check_finite)
+def _check_call(op, x, weight, bias, generator_seed, norm_cache, sample_ids) -> None:
+    """The per-call arguments of `sampled_linear` (the options are checked when built), each error naming
+    the problem."""
     check_same_device(op, input=x, weight=weight, bias=bias)
     if generator_seed is not None:
         if isinstance(generator_seed, bool) or not isinstance(generator_seed, int):
@@ -142,17 +161,7 @@ def _check(x, weight, bias, ratio, k_min, sampler, input_bits, group_size, stoch
         raise TypeError(f"slimfit.{op}: norm_cache must be a slimfit NormCache, got {type(norm_cache).__name__}")
     if sample_ids is not None and norm_cache is None:
         raise ValueError(f"slimfit.{op}: sample_ids need a norm_cache (the layer's store of stale gradient norms)")
-    if weight.dim() != 2:
-        raise ValueError(
-            f"slimfit.{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
-        )
-    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"slimfit.{op}: mismatched shapes: input {tuple(x.shape)} has last dimension "
-            f"{x.shape[-1] if x.dim() else None}, weight {tuple(weight.shape)} expects in_features={weight.shape[1]}"
-        )
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"slimfit.{op}: mismatched shapes: bias {tuple(bias.shape)} must be ({weight.shape[0]},)")
+    check_linear_shapes(op, x, weight, bias)
 
 
 def sampled_linear(
@@ -170,6 +179,7 @@ def sampled_linear(
     stochastic: bool = False,
     generator_seed: int | None = None,
     check_finite: bool = False,
+    options: SampledLinearOptions | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` whose backward estimates dW from k sampled token rows.
 
@@ -182,32 +192,31 @@ def sampled_linear(
         (a cache given without ids is neither read nor written).
     input_bits, group_size, stochastic: the kept rows quantized as in `linear` (None: kept as is).
     generator_seed: seed of the row draws (default: a side seed read from torch's default generator).
+    options: a SampledLinearOptions built once (a patched layer's), instead of its fields: not checked again.
     """
     op = "sampled_linear"
-    _check(x, weight, bias, ratio, k_min, sampler, input_bits, group_size, stochastic, check_finite,
-           generator_seed, norm_cache, sample_ids)
+    for name, t in (("input", x), ("weight", weight), ("bias", bias)):
+        check_float(op, name, t)
+    options = call_options(SampledLinearOptions, options, ratio=ratio, k_min=k_min, sampler=sampler,
+                           input_bits=input_bits, group_size=group_size, stochastic=stochastic,
+                           check_finite=check_finite)
+    _check_call(op, x, weight, bias, generator_seed, norm_cache, sample_ids)
     batch = x.shape[0] if x.dim() >= 2 else 1
     ids = as_sample_ids(sample_ids, batch, op) if sample_ids is not None else None
 
     n = math.prod(x.shape[:-1])
-    k = num_kept_rows(n, float(ratio), k_min)
+    k = num_kept_rows(n, options.ratio, options.k_min)
     needs_graph = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     if not needs_graph or not weight.requires_grad or k >= n:
         # frozen weight: nothing to estimate; k >= N: every row is kept, i.e. the exact linear
-        return linear(x, weight, bias, input_bits=input_bits, group_size=group_size, stochastic=stochastic,
-                      check_finite=check_finite)
+        return linear(x, weight, bias, options=options)
 
-    compute_dtype = autocast_dtype(x.device.type)
-    if compute_dtype is None:
-        check_same_dtype(op, input=x, weight=weight, bias=bias)
-        compute_dtype = x.dtype
+    compute_dtype = linear_compute_dtype(op, x, weight, bias)
     stale = None
     if ids is not None:
         stale = norm_cache.lookup(ids, n // batch, x.device).reshape(n)
     seed = side_seed(op, tuple(x.shape), tuple(weight.shape)) if generator_seed is None else int(generator_seed)
-    return _SampledLinear.apply(
-        x, weight, bias, stale, k, sampler, seed, input_bits, group_size, bool(stochastic), compute_dtype,
-        norm_cache if ids is not None else None, None if ids is None else tuple(ids.tolist()), bool(check_finite),
-    )
+    draw = _Draw(k, seed, norm_cache if ids is not None else None, None if ids is None else tuple(ids.tolist()))
+    return _SampledLinear.apply(x, weight, bias, stale, options, draw, compute_dtype)

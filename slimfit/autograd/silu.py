@@ -14,14 +14,22 @@
 
 Backward writes its products over buffers it made itself (the dequantized inputs, silu(gate~)): the same
 ops and bits as out-of-place, fewer full-size fp32 temporaries.
+
+Options: `SiLUOptions` (bits, group size, rounding, the NaN/Inf check) and `SwiGLUOptions`, the same
+plus up's bits; a SwiGLUOptions is a SiLUOptions, so one object serves a model's SiLU and its SwiGLU
+products (the patch's ActivationOptions). Checked once when built.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from ._common import (
     backward_once,
+    call_options,
     check_bits,
     check_flag,
     check_float,
@@ -34,15 +42,51 @@ from ._common import (
     save,
 )
 
-__all__ = ["silu", "swiglu"]
+__all__ = ["silu", "swiglu", "SiLUOptions", "SwiGLUOptions"]
+
+
+@dataclass(frozen=True)
+class SiLUOptions:
+    """SiLU's input saved as `bits`-bit (8/4/2) codes per group of `group_size`, rounded to nearest or
+    stochastically; `check_finite` raises on NaN/Inf in what is saved. Checked once, here."""
+
+    op: ClassVar[str] = "silu"
+    bits: int = 4
+    group_size: int = 128
+    stochastic: bool = False
+    check_finite: bool = False
+
+    def __post_init__(self):
+        check_bits(self.op, "bits", self.bits)
+        check_group_size(self.op, self.group_size)
+        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
+
+
+@dataclass(frozen=True)
+class SwiGLUOptions(SiLUOptions):
+    """The SwiGLU product's options: gate saved at `bits`, up at `up_bits` (None: `bits`), as SiLU's."""
+
+    op: ClassVar[str] = "swiglu"
+    up_bits: int | None = None
+
+    def __post_init__(self):
+        check_bits(self.op, "bits", self.bits)
+        check_bits(self.op, "up_bits", self.saved_up_bits)
+        check_group_size(self.op, self.group_size)
+        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
+
+    @property
+    def saved_up_bits(self) -> int:
+        """The bits up is saved at."""
+        return self.bits if self.up_bits is None else self.up_bits
 
 
 class _SiLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, bits, group_size, stochastic, check_finite=False):
+    def forward(ctx, x, options):
         with no_autocast(x.device.type):
             out = F.silu(x)
-        save(ctx, compress_quantize(x, bits, group_size, stochastic, check_finite))
+        save(ctx, compress_quantize(x, options.bits, options.group_size, options.stochastic, options.check_finite))
         ctx.device_type = x.device.type
         return out
 
@@ -53,17 +97,20 @@ class _SiLU(torch.autograd.Function):
         with no_autocast(ctx.device_type):
             x = restore(q, torch.float32)  # a fresh buffer: the gradient is written over it
             grad = torch.ops.aten.silu_backward.grad_input(grad_out.to(torch.float32), x, grad_input=x)
-        return grad.to(q.dtype), None, None, None, None
+        return grad.to(q.dtype), None
 
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, gate_bits, up_bits, group_size, stochastic, check_finite=False):
+    def forward(ctx, gate, up, options):
         with no_autocast(gate.device.type):
             out = F.silu(gate) * up
         need_gate = ctx.needs_input_grad[0]
-        saved_up = compress_quantize(up, up_bits, group_size, stochastic, check_finite) if need_gate else None
-        save(ctx, compress_quantize(gate, gate_bits, group_size, stochastic, check_finite), saved_up)
+        group_size, stochastic, check_finite = options.group_size, options.stochastic, options.check_finite
+        saved_up = None
+        if need_gate:
+            saved_up = compress_quantize(up, options.saved_up_bits, group_size, stochastic, check_finite)
+        save(ctx, compress_quantize(gate, options.bits, group_size, stochastic, check_finite), saved_up)
         ctx.device_type = gate.device.type
         ctx.up_dtype = up.dtype
         return out
@@ -87,21 +134,21 @@ class _SwiGLU(torch.autograd.Function):
                 up = restore(q_up, torch.float32)
                 gu = up.mul_(g) if g.is_contiguous() else g * up
                 grad_gate = torch.ops.aten.silu_backward.grad_input(gu, gate, grad_input=gu).to(q_gate.dtype)
-        return grad_gate, grad_up, None, None, None, None, None
+        return grad_gate, grad_up, None
 
 
 def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: bool = False,
-         check_finite: bool = False) -> torch.Tensor:
+         check_finite: bool = False, options: SiLUOptions | None = None) -> torch.Tensor:
     """`F.silu(x)` saving x as `bits`-bit (8/4/2) codes per group of `group_size`.
+    options: a SiLUOptions (or SwiGLUOptions) built once, instead of the keywords: not checked again.
 
     Output dtype = input dtype (SiLU is not cast by autocast, as in PyTorch)."""
     check_float("silu", "input", x)
-    check_bits("silu", "bits", bits)
-    check_group_size("silu", group_size)
-    check_flag("silu", stochastic=stochastic, check_finite=check_finite)
+    options = call_options(SiLUOptions, options, bits=bits, group_size=group_size, stochastic=stochastic,
+                           check_finite=check_finite)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return F.silu(x)
-    return _SiLU.apply(x, bits, group_size, bool(stochastic), bool(check_finite))
+    return _SiLU.apply(x, options)
 
 
 def swiglu(
@@ -113,19 +160,18 @@ def swiglu(
     group_size: int = 128,
     stochastic: bool = False,
     check_finite: bool = False,
+    options: SwiGLUOptions | None = None,
 ) -> torch.Tensor:
     """`F.silu(gate) * up` saving gate at `bits` and up at `up_bits` (default: `bits`) bits per
     element, per group of `group_size`; backward recomputes silu at the dequantized gate.
+    options: a SwiGLUOptions built once (a patched MLP's), instead of the keywords: not checked again.
 
     gate and up must have the same shape (the two projections of a SwiGLU MLP). Output dtype:
     PyTorch's type promotion of the two (the same dtype in a model)."""
     check_float("swiglu", "gate", gate)
     check_float("swiglu", "up", up)
-    up_bits = bits if up_bits is None else up_bits
-    check_bits("swiglu", "bits", bits)
-    check_bits("swiglu", "up_bits", up_bits)
-    check_group_size("swiglu", group_size)
-    check_flag("swiglu", stochastic=stochastic, check_finite=check_finite)
+    options = call_options(SwiGLUOptions, options, bits=bits, up_bits=up_bits, group_size=group_size,
+                           stochastic=stochastic, check_finite=check_finite)
     check_same_device("swiglu", gate=gate, up=up)
     if tuple(gate.shape) != tuple(up.shape):
         raise ValueError(
@@ -133,4 +179,4 @@ def swiglu(
         )
     if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
         return F.silu(gate) * up
-    return _SwiGLU.apply(gate, up, bits, up_bits, group_size, bool(stochastic), bool(check_finite))
+    return _SwiGLU.apply(gate, up, options)

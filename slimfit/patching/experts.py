@@ -60,18 +60,11 @@ class ExpertsMixin:
         out = torch.zeros_like(hidden_states)
         for expert, positions, tokens in _expert_rows(top_k_index, self.gate_up_proj.shape[0]):
             rows = hidden_states[tokens]
-            gate, up = _linear(rows, self.gate_up_proj[expert], opts.gate_up).chunk(2, dim=-1)
-            product = opts.product
-            h = swiglu(gate, up, bits=product.bits, group_size=product.group_size, stochastic=product.stochastic,
-                       check_finite=product.check_finite)
-            y = _linear(h, self.down_proj[expert], opts.down) * top_k_weights[tokens, positions, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
+            gate, up = autograd.linear(rows, self.gate_up_proj[expert], None, options=opts.gate_up).chunk(2, dim=-1)
+            h = swiglu(gate, up, options=opts.product)
+            y = autograd.linear(h, self.down_proj[expert], None, options=opts.down)
+            out.index_add_(0, tokens, (y * top_k_weights[tokens, positions, None]).to(out.dtype))
         return out
-
-
-def _linear(x, weight, opts):
-    return autograd.linear(x, weight, None, input_bits=opts.input_bits, group_size=opts.group_size,
-                           stochastic=opts.stochastic, check_finite=opts.check_finite)
 
 
 def verify_experts(ctx, module) -> str | None:

@@ -7,6 +7,8 @@ Each call takes one of two paths (`choose_path`, docs/attention.md "Which path")
 * 'fused': PyTorch's fused kernel, Q/K/V saved compressed, nothing of size S×S kept or
   allocated (slimfit.autograd.fused_attention); grouped-query K/V are not expanded;
 * 'materialize': slimfit's core with compressed P (slimfit.autograd.attention), K/V expanded.
+The AttentionOptions holds each path's autograd options (`fused`, `materialize`), made once at patch time
+and passed down as they are.
 """
 
 from __future__ import annotations
@@ -89,11 +91,8 @@ def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dr
     p_drop = float(dropout) if module.training else 0.0
     path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
     if path == "fused":
-        out = autograd.fused_attention(
-            query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-            dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits,
-            group_size=opts.group_size, check_finite=opts.check_finite,
-        )
+        out = autograd.fused_attention(query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
+                                       dropout_p=dropout, training=module.training, options=opts.fused)
         return out.transpose(1, 2).contiguous(), None
     if opts.path == "fused" and why not in _warned_fallback:
         warnings.warn(f"slimfit: attention.path='fused' but {why}; {type(module).__name__} uses the "
@@ -103,10 +102,6 @@ def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dr
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    out = autograd.attention(
-        query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-        dropout_p=dropout, training=module.training, qkv_bits=opts.qkv_bits, probs=opts.probs,
-        keep_ratio=opts.keep_ratio, group_size=opts.group_size,
-        dropout_mode="on_v" if opts.dropout_on_v else "seed", check_finite=opts.check_finite,
-    )
+    out = autograd.attention(query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
+                             dropout_p=dropout, training=module.training, options=opts.materialize)
     return out.transpose(1, 2).contiguous(), None

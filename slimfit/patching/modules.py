@@ -4,9 +4,10 @@
 the mixin's forward first in the MRO, so parameters, buffers, state_dict keys and
 isinstance checks stay as they were; unpatching assigns the original class back.
 Per-module options live in the instance attribute `_slimfit` (a frozen dataclass of
-`slimfit.patching.options`: LinearOptions, GELUOptions, ...). When no
-gradient is needed (eval, torch.no_grad) the original forward runs, so inference outputs
-are bit-identical to the unpatched model.
+`slimfit.patching.options`: LinearOptions, GELUOptions, ...), each one the slimfit.autograd options
+object of the function the forward calls, or holding it: the forwards pass it down as `options=`, so
+nothing is re-spread into keywords or checked again per call. When no gradient is needed (eval,
+torch.no_grad) the original forward runs, so inference outputs are bit-identical to the unpatched model.
 """
 from __future__ import annotations
 
@@ -76,13 +77,10 @@ def _linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.T
     sampling = opts.sampling
     if sampling is not None and weight.requires_grad:
         ids = sampling.ids.for_input(x, sampling.name)
-        return sampled_linear(x, weight, module.bias, ratio=sampling.ratio, k_min=sampling.k_min,
-                              sampler=sampling.sampler, sample_ids=ids,
+        return sampled_linear(x, weight, module.bias, sample_ids=ids,
                               norm_cache=getattr(module, NORM_CACHE) if ids is not None else None,
-                              input_bits=opts.input_bits, group_size=opts.group_size, stochastic=opts.stochastic,
-                              check_finite=opts.check_finite)
-    return autograd.linear(x, weight, module.bias, input_bits=opts.input_bits, group_size=opts.group_size,
-                           stochastic=opts.stochastic, check_finite=opts.check_finite)
+                              options=opts.sampled)
+    return autograd.linear(x, weight, module.bias, options=opts)
 
 
 class LinearMixin:
@@ -110,9 +108,7 @@ class GELUMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        opts = getattr(self, OPTIONS)
-        return autograd.gelu(x, bits=opts.bits, approximate=opts.approximate, group_size=opts.group_size,
-                             stochastic=opts.stochastic, check_finite=opts.check_finite)
+        return autograd.gelu(x, options=getattr(self, OPTIONS))
 
 
 class SiLUMixin:
@@ -121,9 +117,7 @@ class SiLUMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        opts = getattr(self, OPTIONS)
-        return silu(x, bits=opts.bits, group_size=opts.group_size, stochastic=opts.stochastic,
-                    check_finite=opts.check_finite)
+        return silu(x, options=getattr(self, OPTIONS))
 
 
 class SwiGLUMixin:
@@ -134,9 +128,7 @@ class SwiGLUMixin:
     def forward(self, x):
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
-        opts = getattr(self, OPTIONS)
-        h = swiglu(self.gate_proj(x), self.up_proj(x), bits=opts.bits, group_size=opts.group_size,
-                   stochastic=opts.stochastic, check_finite=opts.check_finite)
+        h = swiglu(self.gate_proj(x), self.up_proj(x), options=getattr(self, OPTIONS))
         return self.down_proj(h)
 
 
@@ -147,10 +139,8 @@ class FusedSwiGLUMixin:
     def forward(self, x):
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
-        opts = getattr(self, OPTIONS)
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        h = swiglu(gate, up, bits=opts.bits, group_size=opts.group_size, stochastic=opts.stochastic,
-                   check_finite=opts.check_finite)
+        h = swiglu(gate, up, options=getattr(self, OPTIONS))
         return self.down_proj(h)
 
 
@@ -162,11 +152,10 @@ class RMSNormMixin:
         if not _needs_grad(self, x):
             return _original_forward(self, x)
         opts = getattr(self, OPTIONS)
-        save = opts.save if self.weight.requires_grad else opts.save_frozen
+        kernel = opts.kernel(self.weight.requires_grad)
         # Gemma's (1 + w): the offset weight is a fresh (D,) tensor, its gradient the weight's
         weight = self.weight if opts.weight_offset == 0.0 else self.weight + opts.weight_offset
-        return rms_norm(x, weight, getattr(self, opts.eps_attribute), save=save, keep_ratio=opts.keep_ratio,
-                        group_size=opts.group_size, check_finite=opts.check_finite)
+        return rms_norm(x, weight, getattr(self, opts.eps_attribute), options=kernel)
 
 
 class ReLUMixin:
@@ -194,12 +183,8 @@ class LayerNormMixin:
     def forward(self, x):
         if not _needs_grad(self, x):
             return _original_forward(self, x)
-        opts = getattr(self, OPTIONS)
-        trainable = self.weight is not None and self.weight.requires_grad
-        save = opts.save if trainable else opts.save_frozen
-        return autograd.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, save=save,
-                                   keep_ratio=opts.keep_ratio, group_size=opts.group_size,
-                                   check_finite=opts.check_finite)
+        kernel = getattr(self, OPTIONS).kernel(self.weight is not None and self.weight.requires_grad)
+        return autograd.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, options=kernel)
 
 
 class DropoutMixin:
@@ -212,4 +197,4 @@ class DropoutMixin:
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return _original_forward(self, x)
-        return autograd.dropout(x, self.p, True, mode=getattr(self, OPTIONS).mode)
+        return autograd.dropout(x, self.p, True, options=getattr(self, OPTIONS))

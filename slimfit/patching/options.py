@@ -1,13 +1,27 @@
 """Typed per-module options: what a patched module reads from the instance attribute `_slimfit`
 (`modules.OPTIONS`) or, for attention, `_slimfit_attention` (`hf_attention.ATTENTION_OPTIONS`).
 
-Frozen dataclasses built once per patch from the SlimFitConfig (`from_config`), read as attributes in
-the forwards (`modules.py`, `hf_attention.py`, `torch_attention.py`). They pickle with the module.
+Frozen dataclasses built once per patch from the SlimFitConfig (`from_config`). Each one is, or holds,
+the options object of the slimfit.autograd function the module calls (checked once, when built), and the
+forwards (`modules.py`, `experts.py`, `hf_attention.py`, `torch_attention.py`) hand that object down as
+`options=`: config -> these options -> the autograd Function, one copy, no keyword re-spread or re-check
+per call. They pickle with the module.
+
+    LinearOptions      is an autograd LinearOptions, plus the WTA-CRS `sampling` (its SampledLinearOptions
+                       built once, `sampled`)
+    GELUOptions        is an autograd GELUOptions
+    ActivationOptions  is an autograd SwiGLUOptions (so also a SiLUOptions): SiLU and the SwiGLU product
+    NormOptions        holds the LayerNormOptions of a trainable and of a frozen weight, plus an RMSNorm's
+                       epsilon attribute and weight offset
+    DropoutOptions     is an autograd DropoutOptions
+    AttentionOptions   holds the materializing path's AttentionOptions and the fused path's
+                       FusedAttentionOptions, plus the path rule
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .. import autograd
 from ..config import SlimFitConfig
 
 
@@ -23,12 +37,20 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class LinearOptions:
-    input_bits: int | None
-    group_size: int
-    stochastic: bool
-    check_finite: bool = False
+class LinearOptions(autograd.LinearOptions):
+    """slimfit.autograd.LinearOptions (input_bits, group_size, stochastic, check_finite) plus, for a WTA-CRS
+    target, its `sampling`; `sampled` is the sampled linear's options, made from both once, here."""
+
     sampling: Sampling | None = None
+    sampled: autograd.SampledLinearOptions | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sampling is not None:
+            object.__setattr__(self, "sampled", autograd.SampledLinearOptions(
+                input_bits=self.input_bits, group_size=self.group_size, stochastic=self.stochastic,
+                check_finite=self.check_finite, ratio=self.sampling.ratio, k_min=self.sampling.k_min,
+                sampler=self.sampling.sampler))
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, input_bits: int | None, sampling: Sampling | None = None):
@@ -37,13 +59,9 @@ class LinearOptions:
 
 
 @dataclass(frozen=True)
-class ActivationOptions:
-    """SiLU and the SwiGLU product: the input(s) saved at `bits`."""
-
-    bits: int
-    group_size: int
-    stochastic: bool
-    check_finite: bool = False
+class ActivationOptions(autograd.SwiGLUOptions):
+    """SiLU and the SwiGLU product: the input(s) saved at `bits`. A SwiGLUOptions (up saved at `bits` too),
+    and so a SiLUOptions: `silu` and `swiglu` both take it."""
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):
@@ -69,12 +87,9 @@ class ExpertsOptions:
 
 
 @dataclass(frozen=True)
-class GELUOptions:
-    bits: int
-    approximate: str  # 'none' | 'tanh': the formula the original module computes
-    group_size: int
-    stochastic: bool
-    check_finite: bool = False
+class GELUOptions(autograd.GELUOptions):
+    """slimfit.autograd.GELUOptions: bits, approximate ('none' | 'tanh': the formula the original module
+    computes), group_size, stochastic, check_finite."""
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, approximate: str):
@@ -85,7 +100,9 @@ class GELUOptions:
 @dataclass(frozen=True)
 class NormOptions:
     """LayerNorm and RMSNorm: x̂ saved as `save` (trainable weight) / `save_frozen`. For an RMSNorm, the
-    attribute holding its epsilon and the offset its formula adds to the weight (Gemma's `1 + w`)."""
+    attribute holding its epsilon and the offset its formula adds to the weight (Gemma's `1 + w`).
+    `trainable` / `frozen` are the autograd LayerNormOptions of the two cases (rms_norm takes them too),
+    made once, here; `kernel(weight_trains)` picks one."""
 
     save: str
     save_frozen: str
@@ -94,6 +111,17 @@ class NormOptions:
     check_finite: bool = False
     eps_attribute: str = "variance_epsilon"
     weight_offset: float = 0.0
+    trainable: autograd.LayerNormOptions = field(init=False, repr=False, compare=False)
+    frozen: autograd.LayerNormOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name, save in (("trainable", self.save), ("frozen", self.save_frozen)):
+            object.__setattr__(self, name, autograd.LayerNormOptions(
+                save=save, keep_ratio=self.keep_ratio, group_size=self.group_size, check_finite=self.check_finite))
+
+    def kernel(self, weight_trains: bool) -> autograd.LayerNormOptions:
+        """The options of a forward whose weight trains (or not): the scheduler may flip it every step."""
+        return self.trainable if weight_trains else self.frozen
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, **norm):
@@ -113,8 +141,8 @@ class ConvOptions:
 
 
 @dataclass(frozen=True)
-class DropoutOptions:
-    mode: str  # SlimFitConfig.dropout: 'seed' | 'bitmask'
+class DropoutOptions(autograd.DropoutOptions):
+    """slimfit.autograd.DropoutOptions: mode, SlimFitConfig.dropout ('seed' | 'bitmask')."""
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):
@@ -123,6 +151,11 @@ class DropoutOptions:
 
 @dataclass(frozen=True)
 class AttentionOptions:
+    """SlimFitConfig.attention for one model: the fields as the config names them, and, made once from
+    them here, the options of each path: `materialize` (autograd.AttentionOptions: Q/K/V bits, how P is
+    kept, dropout on P or on V) and `fused` (autograd.FusedAttentionOptions: Q/K/V bits, recompute backward).
+    `path` is hf_attention.choose_path's rule."""
+
     qkv_bits: int | None
     probs: str
     keep_ratio: float
@@ -130,6 +163,15 @@ class AttentionOptions:
     dropout_on_v: bool
     check_finite: bool = False
     path: str = "auto"  # SlimFitConfig.attention.path
+    materialize: autograd.AttentionOptions = field(init=False, repr=False, compare=False)
+    fused: autograd.FusedAttentionOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "materialize", autograd.AttentionOptions(
+            qkv_bits=self.qkv_bits, probs=self.probs, keep_ratio=self.keep_ratio, group_size=self.group_size,
+            dropout_mode="on_v" if self.dropout_on_v else "seed", check_finite=self.check_finite))
+        object.__setattr__(self, "fused", autograd.FusedAttentionOptions(
+            qkv_bits=self.qkv_bits, group_size=self.group_size, check_finite=self.check_finite))
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):

@@ -76,15 +76,11 @@ def _slimfit_sdpa(opts, query, key, value, attn_mask, dropout_p, is_causal, scal
     path, _ = choose_path(opts, query, key, value, attn_mask, float(dropout_p), bool(is_causal))
     if path == "fused":
         return autograd.fused_attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                                        dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits,
-                                        group_size=opts.group_size, check_finite=opts.check_finite)
+                                        dropout_p=dropout_p, training=True, options=opts.fused)
     if hq != hk:
         key, value = key.repeat_interleave(hq // hk, 1), value.repeat_interleave(hq // hk, 1)
     return autograd.attention(query, key, value, scale=scale, attn_mask=attn_mask, is_causal=is_causal,
-                              dropout_p=dropout_p, training=True, qkv_bits=opts.qkv_bits, probs=opts.probs,
-                              keep_ratio=opts.keep_ratio, group_size=opts.group_size,
-                              dropout_mode="on_v" if opts.dropout_on_v else "seed",
-                              check_finite=opts.check_finite)
+                              dropout_p=dropout_p, training=True, options=opts.materialize)
 
 
 _local = threading.local()  # the options of the MHA call running on this thread, if any
