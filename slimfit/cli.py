@@ -1,5 +1,6 @@
 """The `slimfit` command: `demo` (plain vs slimfit fine-tuning), `memory` (saved-activation report of an
-architecture), `env` (versions, backends, devices)."""
+architecture), `plan` (a step's peak memory predicted before the run; slimfit/plan/cli.py), `env` (versions,
+backends, devices)."""
 from __future__ import annotations
 
 import argparse
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 
     memory_cli.add_arguments(mem)
     mem.set_defaults(func=memory_cli.run)
+    plan = sub.add_parser("plan", help="predict a training step's peak memory before the run; --fit: the fastest "
+                          "configuration under a budget")
+    from .plan import cli as plan_cli
+
+    plan_cli.add_arguments(plan)
+    plan.set_defaults(func=plan_cli.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

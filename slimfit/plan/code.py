@@ -1,0 +1,92 @@
+"""A planned configuration as the code a user pastes: the same step slimfit/plan/step.py builds and the
+prediction is about (checkpointing, then LoRA, then slimfit.patch; AdamW over the parameters that ever train;
+the scheduler attached to it)."""
+from __future__ import annotations
+
+from .. import architectures as archs
+from .models import ModelRef, resolve_model
+from .predict import Prediction
+from .spec import StepSpec
+
+__all__ = ["render"]
+
+
+def _model_lines(spec: StepSpec, ref: ModelRef) -> list[str]:
+    """The model's lines: the user's model, its attention and gradient checkpointing."""
+    cls = ref.model_class or {archs.CAUSAL_LM: "AutoModelForCausalLM", archs.IMAGE_CLS:
+                               "AutoModelForImageClassification"}.get(ref.task, "AutoModelForSequenceClassification")
+    lines = [f"model = ...  # your {cls} ({ref.name}), in train mode"]
+    if spec.attn != "sdpa":
+        lines.append(f'model.set_attn_implementation("{spec.attn}")')
+    if spec.checkpointing:
+        lines += ["model.config.use_cache = False",
+                  'model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})']
+    return lines
+
+
+def _lora_lines(p: Prediction) -> list[str]:
+    """peft's LoRA as the prediction applied it (its targets and fully trained head)."""
+    spec = p.spec
+    if not spec.lora:
+        return []
+    save = f", modules_to_save={list(p.lora_heads)!r}" if p.lora_heads else ""
+    return ["from peft import LoraConfig, get_peft_model",
+            f"model = get_peft_model(model, LoraConfig(r={spec.lora}, lora_alpha={2 * spec.lora}, "
+            f"target_modules={list(p.lora_targets)!r}{save}))"]
+
+
+def _optimizer_lines(spec: StepSpec) -> list[str]:
+    """AdamW (or torchao's 8-bit) over the parameters that ever train: every one under the scheduler."""
+    params = "model.parameters()" if spec.rate else "[p for p in model.parameters() if p.requires_grad]"
+    if spec.optimizer == "adamw8bit":
+        return ["from torchao.optim import AdamW8bit", f"optimizer = AdamW8bit({params}, lr=2e-5)"]
+    return [f"optimizer = torch.optim.AdamW({params}, lr=2e-5)"]
+
+
+def _loop_lines(spec: StepSpec, device: str) -> list[str]:
+    """The training loop: autocast for bf16, backward, optimizer step, zero_grad, the scheduler's step."""
+    forward = "loss = model(**batch).loss"
+    if spec.dtype == "bf16":
+        forward = f'with torch.autocast("{device}", dtype=torch.bfloat16):\n        {forward}'
+    lines = [f"for batch in loader:  # {spec.shape()}",
+             f"    {forward}", "    loss.backward()", "    optimizer.step()", "    optimizer.zero_grad()"]
+    if spec.rate:
+        lines.append("    scheduler.step()")
+    return lines
+
+
+def render(p: Prediction, budget_bytes: float | None = None) -> str:
+    """The code of a predicted configuration's step. With budget_bytes and a freeze rate, the scheduler is
+    given the budget and per-layer bytes (slimfit.plan.scheduler_budget), so that the frozen sets of later
+    steps keep within it too."""
+    spec = p.spec
+    ref = resolve_model(spec.model, spec.task)
+    lines = ["import torch"]
+    if spec.preset != "none":
+        lines.append("import slimfit")
+    lines += [""] + _model_lines(spec, ref) + _lora_lines(p)
+    if spec.preset != "none":
+        lines.append(f"model = slimfit.patch(model, slimfit.SlimFitConfig.{spec.preset}())")
+    device = "cuda" if spec.device == "cuda" else "cpu"
+    lines += (['model.to("cuda")'] if device == "cuda" else []) + _optimizer_lines(spec)
+    if spec.rate:
+        lines.append("from slimfit.scheduler import ILSScheduler")
+        if budget_bytes is not None:
+            lines += ["from slimfit.plan import StepSpec, scheduler_budget",
+                      f"budget = scheduler_budget(StepSpec({_model_arg(spec)!r}, batch={spec.batch}, "
+                      f"{_shape_arg(spec)}, dtype={spec.dtype!r}, preset={spec.preset!r}, rate={spec.rate!r}, "
+                      f"checkpointing={spec.checkpointing!r}), budget_bytes={int(budget_bytes)})",
+                      f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer, **budget)"]
+        else:
+            lines.append(f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer)")
+    return "\n".join(lines + [""] + _loop_lines(spec, device))
+
+
+def _model_arg(spec: StepSpec) -> str:
+    """The model as StepSpec's first argument in the printed code."""
+    return spec.model if isinstance(spec.model, str) else spec.model_name
+
+
+def _shape_arg(spec: StepSpec) -> str:
+    """seq= or image_size= for the printed StepSpec."""
+    return f"seq={spec.seq}" if spec.seq is not None else f"image_size={spec.image_size}"

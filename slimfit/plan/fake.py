@@ -1,0 +1,149 @@
+"""Running a whole training step on fake tensors: every op's output shapes, dtypes and storages are
+computed (torch's FakeTensorMode, the meta kernels torch.compile traces with) and no data is allocated.
+
+slimfit.step_memory's tracker counts tensor storages at op boundaries; a fake storage has the same size
+as the real one, so the tracker run over a fake step sees the bytes the real step allocates and frees, in
+the same order. Where a fake run would go another way than the real one, `PlanMode` (a dispatch mode
+between the tracker and the fake mode) keeps it on the real path:
+
+  * the batch stays real, and ops without a fake input run for real: transformers reads the attention
+    mask to skip it when it masks nothing, as in the real step (a fake mask looks traced to it, and it
+    builds the full mask); small factories without tensor inputs (a dropout seed drawn with torch.randint,
+    then read on the host) are made for real too;
+  * the backend of scaled_dot_product_attention is chosen for real, on stand-ins of the same shapes: the
+    fake kernel always picks the math backend, which materializes the attention matrix;
+  * host reads of fake data: a boolean check is answered True (slimfit.patch's probes agree with the
+    module's own forward, as they do for every family slimfit knows; the chunked LM loss finds the ignored
+    rows finite, as they are in a healthy step); with numbers=True (building, the scheduler's step) a
+    number is answered 0 (the scheduler's scores only pick the next step's frozen set); in the forward and
+    backward any other read raises instead of being guessed. Weight initialisation is skipped (values).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake"]
+
+SMALL_NUMEL = 4096
+
+
+def new_fake_mode():
+    """A FakeTensorMode that accepts real tensors as inputs (the batch, small real scalars)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def is_fake(t) -> bool:
+    """Whether t is a fake tensor (FakeTensorMode's)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _small_fake(out) -> bool:
+    """Whether every output is a fake tensor of at most SMALL_NUMEL elements."""
+    flat = tree_flatten(out)[0]
+    return bool(flat) and all(isinstance(t, torch.Tensor) and is_fake(t) and t.numel() <= SMALL_NUMEL for t in flat)
+
+
+def _stand_in(t):
+    """A real tensor with t's shape, dtype and last-dimension stride 1, holding one row (expanded)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not isinstance(t, torch.Tensor) or not is_fake(t):
+        return t
+    with unset_fake_temporarily():
+        return torch.empty(t.shape[-1] if t.dim() else 1, dtype=t.dtype, device=t.device).expand(t.shape)
+
+
+def _sdp_choice(args, kwargs) -> int:
+    """The backend torch's scaled_dot_product_attention picks, asked for real on stand-ins: it reads only
+    shapes, dtypes, the last stride and the arguments."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    args = [_stand_in(a) for a in args]
+    kwargs = {k: _stand_in(v) for k, v in kwargs.items()}
+    with unset_fake_temporarily():
+        return torch.ops.aten._fused_sdp_choice.default(*args, **kwargs)
+
+
+def _all_selected(func, args, kwargs):
+    """An op whose output size depends on data, answered as if every entry were selected (the largest
+    output): `nonzero(x)` and `x[mask]` with a boolean mask. Others raise."""
+    if func is torch.ops.aten.nonzero.default:
+        x = args[0]
+        return x.new_empty((x.numel(), x.dim()), dtype=torch.long)
+    if func is torch.ops.aten.index.Tensor:
+        x, indices = args[0], args[1]
+        if len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool:
+            mask = indices[0]
+            return x.new_empty((mask.numel(), *x.shape[mask.dim():]))
+    raise NotImplementedError(f"slimfit plan: {func} has an output size that depends on the data")
+
+
+class PlanMode(TorchDispatchMode):
+    """Keeps a fake run on the real run's path (module docstring). `numbers`: answer numeric host reads
+    (0) and data-sized outputs (all selected); `on_op(func, args, kwargs, out)` sees every op; with
+    `fake_mode`, the fake mode's memo of tensors is forgotten after every op (a parameter it remembers holds
+    a weak reference, and `module.to()`, which swaps fake parameters, refuses such a tensor). `answered`
+    counts the reads answered."""
+
+    def __init__(self, numbers: bool = True, on_op=None, fake_mode=None):
+        super().__init__()
+        self.numbers, self.on_op, self.fake_mode = numbers, on_op, fake_mode
+        self.answered = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        """Run the op on the real path where it would leave it (class docstring); answer the reads it can."""
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        kwargs = kwargs or {}
+        try:
+            out = self._run(func, args, kwargs)
+        except DynamicOutputShapeException:
+            if not self.numbers:
+                raise
+            self.answered += 1
+            out = _all_selected(func, args, kwargs)
+        except DataDependentOutputException:
+            out = self._answer(func, args)
+            if out is None:
+                raise
+            self.answered += 1
+            return out
+        if self.fake_mode is not None:
+            self.fake_mode.fake_tensor_converter.meta_converter.tensor_memo.clear()
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs, out)
+        return out
+
+    def _run(self, func, args, kwargs):
+        """The op, real when no input is fake (or a small factory), fake otherwise."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        if func is torch.ops.aten._fused_sdp_choice.default:
+            return _sdp_choice(args, kwargs)
+        flat = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if flat and not any(is_fake(t) for t in flat):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if not flat and _small_fake(out):
+            with unset_fake_temporarily():
+                out = func(*args, **kwargs)
+        return out
+
+    def _answer(self, func, args):
+        """The answer to a read of fake data, None when this mode gives none."""
+        if func is torch.ops.aten.equal.default:
+            return True
+        if func is torch.ops.aten._local_scalar_dense.default:
+            t = args[0]
+            if t.dtype == torch.bool:
+                return True
+            if self.numbers:
+                return 0.0 if t.dtype.is_floating_point else 0
+        return None

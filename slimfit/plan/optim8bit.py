@@ -1,0 +1,74 @@
+"""8-bit AdamW (torchao.optim.AdamW8bit), when torchao is installed: the real optimizer for a run, and a
+stand-in for predictions.
+
+torchao keeps each moment of a parameter of at least 4096 elements (and a multiple of the 256-element block)
+as an OptimState8bit: codes (1 byte per element), one fp32 scale per block and its own 256-entry fp32
+lookup table; smaller parameters keep fp32 moments; every parameter has a 0-d fp32 step. Its step is
+compiled per parameter (torch.compile), which slimfit.step_memory's tracker cannot see into, and its state
+is a tensor subclass whose storages the tracker cannot reach: a measured step would miss both. So the
+prediction does not run torchao on fake tensors; `FakeAdamW8bit` holds fake tensors of exactly that
+state (tests/plan check the bytes against torchao's own state) and its step allocates, one parameter at
+a time, two fp32 temporaries of the parameter's size: the resident-memory rise of torchao's compiled step
+on a 64 MiB parameter measured 129 MiB (torch's own single-tensor AdamW: 128 MiB, its two temporaries).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["available", "make", "state_tensors", "FakeAdamW8bit", "BLOCK", "MIN_QUANTIZED"]
+
+BLOCK = 256
+MIN_QUANTIZED = 4096
+QMAP_ENTRIES = 256
+
+
+def available() -> bool:
+    """Whether torchao's AdamW8bit imports."""
+    try:
+        from torchao.optim import AdamW8bit  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed, or a broken install: not available either way
+        return False
+    return True
+
+
+def make(params):
+    """torchao's AdamW8bit over `params`, lr 0 (as the planned step's AdamW)."""
+    from torchao.optim import AdamW8bit
+
+    return AdamW8bit(params, lr=0.0)
+
+
+def state_tensors(p: torch.Tensor) -> dict:
+    """Tensors of the shapes torchao keeps for `p` (empty: only sizes matter), under any fake mode active."""
+    state = {"step": torch.tensor(0.0)}
+    for moment in ("exp_avg", "exp_avg_sq"):
+        if p.numel() >= MIN_QUANTIZED and p.numel() % BLOCK == 0:
+            state[moment] = [torch.empty(p.shape, dtype=torch.uint8, device=p.device),
+                             torch.empty(p.numel() // BLOCK, dtype=torch.float32, device=p.device),
+                             torch.empty(QMAP_ENTRIES, dtype=torch.float32, device=p.device)]
+        else:
+            state[moment] = torch.empty_like(p, dtype=torch.float32)
+    return state
+
+
+class FakeAdamW8bit(torch.optim.Optimizer):
+    """A stand-in of torchao's AdamW8bit for fake runs: its state as plain tensors of the same sizes (made
+    at once, as in any step after the first), its step two fp32 temporaries per parameter, in turn."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.0})
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p] = state_tensors(p)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Two fp32 temporaries of each parameter with a gradient, one parameter at a time (module docstring)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                first = torch.empty_like(p, dtype=torch.float32)
+                second = torch.empty_like(p, dtype=torch.float32)
+                del first, second
+        return None

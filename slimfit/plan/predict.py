@@ -1,0 +1,123 @@
+"""The prediction: the spec's whole training step run on fake tensors under slimfit.step_memory's tracker.
+
+    p = predict(StepSpec("bert-base", batch=8, seq=256, preset="paper", rate=0.7))
+    p.total, p.parts(), p.peak_phase                    # bytes; what the peak is made of; where it is
+
+Why fake tensors rather than fitting small measured runs: the peak of a step is a maximum over time of
+a sum of storages, whose composition changes with the configuration (the optimizer step's peak for a
+small batch, backward's for a long sequence, checkpointing's recomputation, slimfit's compressed saves,
+a frozen set that is not the same share of every layer). Extrapolating it from small sizes needs a model
+of each of those; running the step itself at full size on fake tensors needs none, costs no memory and
+counts every storage as the CPU measurement does (the same tracker, the same ops, the same order).
+
+The scheduler's step (after the optimizer's) runs on fake tensors too while the trained layers are small
+(SCHEDULER_RUN_NUMEL: its CPU scoring walks the weights in blocks of 32K elements, a dozen ops each, which
+for a large model is most of the prediction's time); above that, only its weight snapshots are counted,
+as stand-ins of the same size: its own temporaries are a few blocks (under 1 MiB), far below the
+gradients and AdamW temporaries of the optimizer step before it, so it cannot hold the peak there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .. import step_memory
+from .cost import CostCounter
+from .fake import PlanMode, new_fake_mode
+from .models import ModelRef, resolve_model
+from .spec import StepSpec
+from .step import Step, open_step
+
+__all__ = ["Prediction", "predict", "SCHEDULER_RUN_NUMEL"]
+
+SCHEDULER_RUN_NUMEL = 1 << 21
+
+
+@dataclasses.dataclass
+class Prediction:
+    """The predicted step peak (bytes) with its parts at the peak, counts of the step and its cost."""
+
+    spec: StepSpec
+    memory: step_memory.StepMemory
+    params: int = 0
+    optimized: int = 0
+    trained: int = 0
+    layers: int = 0
+    frozen_layers: int = 0
+    flops: float = 0.0          # floating-point operations of the step (matmuls, attention, convolutions)
+    bytes_moved: float = 0.0    # bytes read and written by its ops
+    ops: int = 0
+    checks_answered: int = 0    # boolean reads of fake data in the step answered True (fake.PlanMode)
+    seconds: float = 0.0        # how long the prediction took
+    model_name: str = ""
+    lora_targets: tuple = ()    # LoRA's target modules and fully trained modules (for the code to paste)
+    lora_heads: tuple = ()
+
+    @property
+    def total(self) -> int:
+        """The predicted step peak in bytes."""
+        return self.memory.total
+
+    @property
+    def peak_phase(self) -> str:
+        """Where the predicted peak is: forward, backward, optimizer, zero_grad or after_step."""
+        return self.memory.peak_phase
+
+    def parts(self) -> dict[str, int]:
+        """The parts of the predicted peak (weights, gradients, optimizer_state, saved, transient)."""
+        return self.memory.parts()
+
+    def step_time(self, device: str | None = None) -> float:
+        """Estimated seconds of one step on the device (slimfit/plan/cost.py's model)."""
+        from .cost import step_seconds
+
+        return step_seconds(self.flops, self.bytes_moved, self.ops, device or self.spec.device, self.spec.dtype)
+
+
+def _after_step(step: Step, mode: PlanMode):
+    """The scheduler's step, numbers read from fake data answered; for large trained layers its snapshots
+    only (stand-ins read once, so the tracker counts them as live from the step's start)."""
+    import torch
+
+    if step.scheduler is None:
+        return None
+    params = dict(step.model.named_parameters())
+    trained = [params[n] for n in step.scheduler.trained_names() if n in params]
+    if sum(p.numel() for p in trained) <= SCHEDULER_RUN_NUMEL:
+        def run():
+            """The scheduler's step with numeric reads of fake data answered (its scores)."""
+            mode.numbers = True
+            step.after_step()
+        return run
+    snapshots = [torch.empty_like(p, requires_grad=False) for p in trained]
+
+    def touch():
+        """Read each snapshot stand-in once, so the tracker counts it as live from the step's start."""
+        for t in snapshots:
+            torch.ops.aten.alias.default(t)
+    return touch
+
+
+def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = False) -> Prediction:
+    """Predict the whole step's peak memory of `spec` without allocating it (fake tensors). freeze_all: with
+    every layer the scheduler would schedule frozen (the base of a budget, slimfit/plan/budget.py)."""
+    import torch
+
+    start = time.perf_counter()
+    ref = ref or resolve_model(spec.model, spec.task)
+    fake = new_fake_mode()
+    cost = CostCounter()
+    # the caller's random state is left as it was (the build and the step are seeded)
+    with torch.random.fork_rng(devices=[]), open_step(spec, fake=fake, ref=ref, freeze_all=freeze_all) as step:
+        torch.manual_seed(spec.seed)
+        with fake, PlanMode(numbers=False, on_op=cost.add) as mode:
+            after = _after_step(step, mode)
+            cost.active = True
+            memory = step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=after,
+                                              name=spec.label())
+        counts = dict(params=step.params, optimized=step.optimized, trained=step.trained, layers=step.layers,
+                      frozen_layers=step.frozen_layers, checks_answered=mode.answered,
+                      lora_targets=step.lora_targets, lora_heads=step.lora_heads)
+    memory.method = "predicted: fake tensors under the CPU storage tracker"
+    return Prediction(spec, memory, flops=cost.flops, bytes_moved=cost.bytes, ops=cost.ops,
+                      seconds=time.perf_counter() - start, model_name=ref.name, **counts)

@@ -1,0 +1,136 @@
+"""`slimfit plan --fit BUDGET`: the fastest configuration whose predicted step peak fits the budget.
+
+Searched, at the batch, sequence, dtype and optimizer given: every preset (none, exact, paper, aggressive)
+x freeze rate (0, 0.5, 0.7, 0.9; ILSScheduler) x checkpointing (off, on), and LoRA (rank given, else 8; no
+freeze rate: the base is frozen) x preset x checkpointing. 40 configurations.
+
+Speed first (cheap), memory second (exact), so that few full predictions run:
+  1. each configuration's step time is estimated (cost.py: flops, bytes moved, ops) from predictions of the
+     model cut to depth 0 and 1 (LoRA: 1 and 2), which cost a fraction of the full one: a step's ops grow
+     linearly with depth, so t(L) = t(0) + L * (t(1) - t(0)). A freeze rate f mixes a trained and a frozen
+     layer: t = t(0) + L * ((1 - f) * trained + f * frozen), both predicted at depth 1 (frozen: every layer
+     the scheduler would schedule frozen). The same runs give the
+     weights and optimizer state at full depth (linear in depth, exact): a configuration whose resident
+     bytes alone exceed the budget is not predicted at all;
+  2. in order of estimated time, the full step is predicted (predict.py, exact on the CPU) until one fits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from .cost import step_seconds
+from .models import ModelRef, resolve_model
+from .predict import Prediction, predict
+from .spec import PRESETS, StepSpec
+
+__all__ = ["Candidate", "FitResult", "candidates", "fit", "RATES", "LORA_RANK"]
+
+RATES = (0.0, 0.5, 0.7, 0.9)
+LORA_RANK = 8
+
+
+@dataclasses.dataclass
+class Candidate:
+    spec: StepSpec
+    est_seconds: float = 0.0       # estimated step time (cost.py)
+    resident: int = 0              # weights + optimizer state at full depth (bytes)
+    prediction: Prediction | None = None
+    status: str = "not predicted"  # fits | too big | resident alone too big | not predicted
+
+    @property
+    def total(self) -> int | None:
+        """The predicted step peak in bytes, None when the candidate was not predicted."""
+        return None if self.prediction is None else self.prediction.total
+
+
+@dataclasses.dataclass
+class FitResult:
+    budget: int
+    best: Candidate | None
+    candidates: list       # every candidate, fastest (estimated) first
+
+
+def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
+    """The configurations --fit searches, at base's model, batch, shape, dtype and optimizer."""
+    plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None)
+    base = base.replace(**plain)
+    out = [base.replace(preset=p, rate=r, checkpointing=c)
+           for p, r, c in itertools.product(PRESETS, RATES, (False, True))]
+    out += [base.replace(preset=p, lora=lora_rank or LORA_RANK, checkpointing=c)
+            for p, c in itertools.product(PRESETS, (False, True))]
+    return out
+
+
+def _depth(ref: ModelRef) -> int:
+    """The model's number of layers, from its config (the depth the shallow estimates extrapolate to)."""
+    for key in ("num_hidden_layers", "n_layer", "n_layers"):
+        if getattr(ref.config, key, None):
+            return int(getattr(ref.config, key))
+    raise ValueError(f"{ref.name}: the config names no depth (num_hidden_layers)")
+
+
+def _counts(p: Prediction) -> tuple[float, float, float, int]:
+    """(flops, bytes moved, ops, weights + optimizer state) of a prediction."""
+    return p.flops, p.bytes_moved, p.ops, p.memory.weights + p.memory.optimizer_state
+
+
+def _line(a, b, depth: int, mix: float = 0.0, c=None):
+    """a + depth * ((1 - mix) * (b - a) + mix * (c - a)), per count."""
+    c = b if c is None else c
+    return [x + depth * ((1 - mix) * (y - x) + mix * (z - x)) for x, y, z in zip(a, b, c)]
+
+
+def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates) -> list[tuple[float, int]]:
+    """[(estimated seconds, resident bytes)] of spec at each rate (LoRA: one), from shallow predictions: depths
+    0 and 1 (LoRA, or a model that cannot be built without layers: 1 and 2)."""
+    device, dtype = spec.device, spec.dtype
+    low = 1 if spec.lora else 0
+    try:
+        first = _counts(predict(spec.replace(layers=low), ref=ref))
+    except Exception:  # noqa: BLE001 - a model type that needs a layer: start from one
+        low = 1
+        first = _counts(predict(spec.replace(layers=low), ref=ref))
+    trained = _counts(predict(spec.replace(layers=low + 1), ref=ref))
+    frozen = trained if spec.lora else _counts(predict(spec.replace(layers=low + 1, rate=0.5), ref=ref,
+                                                       freeze_all=True))
+    out = []
+    for rate in rates:
+        f, b, o, r = _line(first, trained, depth - low, rate, frozen)
+        out.append((step_seconds(f, b, o, device, dtype), int(r)))
+    return out
+
+
+def estimate(specs: list[StepSpec], ref: ModelRef) -> list[Candidate]:
+    """A Candidate with its estimated time and resident bytes for each spec (grouped: one set of shallow
+    predictions per preset, LoRA and checkpointing)."""
+    depth = _depth(ref)
+    groups: dict[tuple, list[StepSpec]] = {}
+    for s in specs:
+        groups.setdefault((s.preset, s.lora, s.checkpointing), []).append(s)
+    out = []
+    for members in groups.values():
+        head = members[0].replace(rate=0.0)
+        values = _estimate_group(head, ref, depth, [m.rate for m in members])
+        out += [Candidate(m, est_seconds=t, resident=r) for m, (t, r) in zip(members, values)]
+    return out
+
+
+def fit(base: StepSpec, budget_bytes: int, lora_rank: int | None = None, ref: ModelRef | None = None,
+        on_candidate=None) -> FitResult:
+    """The fastest (estimated) configuration whose predicted step peak is at most budget_bytes."""
+    ref = ref or resolve_model(base.model, base.task)
+    ranked = sorted(estimate(candidates(base, lora_rank), ref), key=lambda c: c.est_seconds)
+    best = None
+    for cand in ranked:
+        if cand.resident > budget_bytes:
+            cand.status = "resident alone too big"
+            continue
+        cand.prediction = predict(cand.spec, ref=ref)
+        cand.status = "fits" if cand.prediction.total <= budget_bytes else "too big"
+        if on_candidate is not None:
+            on_candidate(cand)
+        if cand.status == "fits":
+            best = cand
+            break
+    return FitResult(int(budget_bytes), best, ranked)

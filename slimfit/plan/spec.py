@@ -1,0 +1,121 @@
+"""One training configuration to plan: the model, the batch, and every choice that changes the step's memory.
+
+A StepSpec is what `slimfit plan` predicts and what bench/plan_accuracy.py measures: both build the same
+step from it (slimfit/plan/step.py), so a prediction and its measurement differ only in how they run it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import architectures as archs
+
+__all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES"]
+
+PRESETS = ("none", "exact", "paper", "aggressive")
+OPTIMIZERS = ("adamw", "adamw8bit")
+DTYPES = ("fp32", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """A training step: model, batch shape, dtype, optimizer, slimfit preset, freeze rate, LoRA, checkpointing.
+
+    model          an architecture name, a transformers config, a config path, a cached hub id or a ModelRef
+    batch, seq     batch size and tokens per sequence (text); vision models take image_size (None: the config's)
+    dtype          fp32, or bf16 autocast (weights stay fp32, as with torch.autocast)
+    optimizer      adamw (torch.optim.AdamW) or adamw8bit (torchao's AdamW8bit, when installed)
+    preset         none (plain PyTorch) or a SlimFitConfig preset applied with slimfit.patch
+    rate           ILSScheduler's freeze rate (0: no scheduler, every weight trains)
+    lora           LoRA rank (peft; its default target modules for the family), None: full fine-tuning
+    checkpointing  gradient checkpointing of every layer (use_reentrant=False)
+    attn           attention of the unpatched model (sdpa, the transformers default, or eager)
+    device         where the step runs: cpu, or cuda (predicted with fake CUDA tensors: not verified here)
+    layers         the depth (None: the config's); tests and calibration use shallow copies
+    task           overrides the task the config implies (text-classification, causal-lm, image-classification)
+    seed           of the weights, the batch, dropout and the scheduler's first frozen set
+    budget_bytes   with a rate: ILSScheduler's budget mode (slimfit.plan.scheduler_budget gives it the bytes)
+    """
+
+    model: Any
+    batch: int
+    seq: int | None = None
+    image_size: int | None = None
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    preset: str = "none"
+    rate: float = 0.0
+    lora: int | None = None
+    checkpointing: bool = False
+    attn: str = "sdpa"
+    device: str = "cpu"
+    layers: int | None = None
+    task: str | None = None
+    seed: int = 0
+    budget_bytes: float | None = None
+
+    def __post_init__(self):
+        """Refuse a spec with a wrong field at once, naming every problem."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("StepSpec: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What is wrong with the fields (empty when nothing is)."""
+        out = []
+        if not isinstance(self.batch, int) or self.batch < 1:
+            out.append(f"batch must be an int >= 1, got {self.batch!r}")
+        if self.seq is not None and (not isinstance(self.seq, int) or self.seq < 1):
+            out.append(f"seq must be an int >= 1, got {self.seq!r}")
+        for name, value, allowed in (("dtype", self.dtype, DTYPES), ("optimizer", self.optimizer, OPTIMIZERS),
+                                     ("preset", self.preset, PRESETS), ("attn", self.attn, ("sdpa", "eager")),
+                                     ("device", self.device, ("cpu", "cuda"))):
+            if value not in allowed:
+                out.append(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if not isinstance(self.rate, (int, float)) or not 0.0 <= self.rate < 1.0:
+            out.append(f"rate must be in [0, 1), got {self.rate!r}")
+        if self.lora is not None and (not isinstance(self.lora, int) or self.lora < 1):
+            out.append(f"lora must be a rank >= 1 or None, got {self.lora!r}")
+        if self.lora is not None and self.rate:
+            out.append("lora trains only the adapters (the base is frozen): give a freeze rate only without LoRA")
+        if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
+            out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
+        return out
+
+    def replace(self, **changes) -> "StepSpec":
+        """A copy with `changes` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def model_name(self) -> str:
+        """The model's name for tables and labels (the architecture name, the path, or the config's type)."""
+        from .models import ModelRef
+
+        if isinstance(self.model, str):
+            return self.model
+        if isinstance(self.model, (ModelRef, archs.Architecture)):
+            return self.model.name
+        return getattr(self.model, "name_or_path", "") or getattr(self.model, "model_type", "config")
+
+    def label(self) -> str:
+        """A short name of the configuration's choices (not the model or the batch)."""
+        parts = [self.preset if self.preset != "none" else "plain"]
+        if self.rate:
+            parts.append(f"rate {self.rate:g}")
+        if self.lora:
+            parts.append(f"LoRA r{self.lora}")
+        if self.checkpointing:
+            parts.append("checkpointing")
+        if self.dtype != "fp32":
+            parts.append(self.dtype)
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        if self.budget_bytes is not None:
+            parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
+        return ", ".join(parts)
+
+    def shape(self) -> str:
+        """batch and sequence (or image) as text."""
+        if self.seq is not None:
+            return f"batch {self.batch}, seq {self.seq}"
+        return f"batch {self.batch}, image {self.image_size or 'default'}"

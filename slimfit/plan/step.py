@@ -1,0 +1,245 @@
+"""The training step a plan is about, built one way for both the prediction and the measurement.
+
+    with open_step(spec) as step:               # real tensors: bench/plan_accuracy.py measures this
+        run = measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step)
+    with fake_mode, open_step(spec, fake=fake_mode) as step: ...   # fake tensors: slimfit/plan/predict.py
+
+The step is the one of a run in its steady state, as a user writes it:
+  1. the model from its config (random weights), train mode, dropout on; gradient checkpointing of every
+     layer if asked (use_reentrant=False); LoRA through peft (its default target modules for the family,
+     the task head trained in full) if asked; then slimfit.patch with the preset;
+  2. AdamW over the parameters that ever train (every parameter with a scheduler: each layer trains some
+     steps, so each has its moments; the adapters with LoRA), lr 0 (the weights stay as they are; the step
+     does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
+     step after the first;
+  3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
+     first frozen set is applied, its weight snapshots of the trained layers are live, and its step() runs
+     after the optimizer's (scores, next frozen set).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable
+
+from .. import architectures as archs
+from .models import ModelRef, build_model, make_batch, resolve_model
+from .spec import StepSpec
+
+__all__ = ["Step", "open_step", "measure", "lora_targets", "check_spec"]
+
+LORA_FALLBACK_TARGETS = ("query", "value", "q_proj", "v_proj", "q_lin", "v_lin")
+
+
+@dataclasses.dataclass
+class Step:
+    """A built step: call `forward()` for the output (autocast inside), then the loss's backward, the
+    optimizer's step, zero_grad and `after_step()`; slimfit.step_memory.measure_step does exactly that."""
+
+    spec: StepSpec
+    ref: ModelRef
+    model: Any
+    inputs: dict
+    optimizer: Any
+    scheduler: Any = None
+    params: int = 0             # parameters of the model (LoRA adapters included)
+    optimized: int = 0          # parameters the optimizer holds state for
+    trained: int = 0            # parameters that get a gradient this step
+    frozen_layers: int = 0      # scheduled layers frozen this step
+    layers: int = 0             # scheduled layers
+    lora_targets: tuple = ()    # LoRA: the target modules and the modules trained in full (the task head)
+    lora_heads: tuple = ()
+    scheduled: tuple = ()       # names of the layers the scheduler schedules
+    run_device: str = "cpu"     # where the tensors are: the spec's device, or the CPU for a fake run
+
+    def forward(self):
+        """The model's output on the batch, under bf16 autocast when the spec asks for it."""
+        with archs.autocast_context(self.spec.dtype, self.run_device):
+            return self.model(**self.inputs)
+
+    def after_step(self) -> None:
+        """The scheduler's step (scores, next frozen set), as a training loop calls it after optimizer.step()."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+
+def check_spec(spec: StepSpec, ref: ModelRef) -> None:
+    """ValueError for a spec the model cannot run (a text model without seq, an image size with text...)."""
+    if ref.task == archs.IMAGE_CLS:
+        if spec.seq is not None:
+            raise ValueError(f"{ref.name} is a vision model: give image_size (pixels), not seq")
+    elif spec.seq is None:
+        raise ValueError(f"{ref.name} is a text model: give seq (tokens per sequence)")
+    elif spec.image_size is not None:
+        raise ValueError(f"{ref.name} is a text model: image_size applies to vision models")
+    if spec.optimizer == "adamw8bit":
+        from .optim8bit import available
+
+        if not available():
+            raise ValueError("optimizer adamw8bit needs torchao (torchao.optim.AdamW8bit), which is not installed")
+
+
+def lora_targets(model, ref: ModelRef) -> list[str]:
+    """peft's default LoRA targets for the model type, else the attention query/value projections found."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+    targets = defaults.get(ref.model_type)
+    if targets:
+        return list(targets)
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    found = [t for t in LORA_FALLBACK_TARGETS if t in leaves]
+    if not found:
+        raise ValueError(f"no LoRA target modules known for model type {ref.model_type!r}")
+    return found
+
+
+def lora_heads(model, ref: ModelRef) -> list[str]:
+    """The modules a LoRA run trains in full: a classifier's fresh head (none for a causal LM)."""
+    from ..scheduler.candidates import find_task_heads
+
+    return list(find_task_heads(model)) if ref.task != archs.CAUSAL_LM else []
+
+
+def _add_lora(model, ref: ModelRef, rank: int):
+    """The model wrapped by peft's LoRA at `rank` (alpha 2 * rank): the targets of lora_targets, the head of
+    lora_heads trained in full."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=lora_targets(model, ref),
+                        modules_to_save=lora_heads(model, ref) or None)
+    return get_peft_model(model, config)
+
+
+def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
+    """The model of the spec: checkpointing, LoRA and the preset applied, on its device."""
+    import slimfit
+    from slimfit.config import SlimFitConfig
+
+    model = build_model(ref, attn=spec.attn, layers=spec.layers, image_size=spec.image_size, seed=spec.seed,
+                        init=not fake)
+    if spec.checkpointing:
+        model.config.use_cache = False
+        if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5 name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.lora:
+        model = _add_lora(model, ref, spec.lora)
+    if spec.preset != "none":
+        slimfit.patch(model, SlimFitConfig.preset(spec.preset))
+    return model if spec.device == "cpu" or fake else model.to(spec.device)
+
+
+def _optimizer(spec: StepSpec, model, fake: bool = False):
+    """AdamW (lr 0) over the parameters that ever train, state made beforehand (8-bit: torchao's, or its
+    stand-in in a fake run, slimfit/plan/optim8bit.py)."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "adamw8bit":
+        from .optim8bit import FakeAdamW8bit, make
+
+        optimizer = FakeAdamW8bit(params) if fake else make(params)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=0.0, foreach=spec.device == "cuda")
+    archs.prime_optimizer(optimizer)
+    return optimizer
+
+
+def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool = False):
+    """(ILSScheduler at the spec's rate, attached, its first frozen set applied, or None without a rate; the
+    names of the layers it schedules). spec.budget_bytes: the scheduler in budget mode, with the per-layer
+    bytes of slimfit/plan/budget.py. freeze_all: no scheduler; every layer it would schedule is frozen (the
+    base of a budget)."""
+    if not spec.rate:
+        return None, ()
+    from ..scheduler import ILSScheduler
+
+    options = {}
+    if spec.budget_bytes is not None and not freeze_all:
+        from .budget import scheduler_budget
+
+        options = scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes, ref=ref)
+    scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options)
+    names = tuple(scheduler.names)
+    if freeze_all:
+        scheduler.close()
+        archs.set_frozen(model, names)
+        return None, names
+    scheduler.attach_optimizer(optimizer)
+    scheduler.apply()
+    return scheduler, names
+
+
+@contextlib.contextmanager
+def _building(fake):
+    """Nothing for a real build; under a fake mode, ops on real tensors kept real (the probes' inputs) and the
+    host reads of fake data in the patch's probes answered (fake.PlanMode)."""
+    if fake is None:
+        yield
+        return
+    from .fake import PlanMode
+
+    with fake, PlanMode(fake_mode=fake):
+        yield
+
+
+@contextlib.contextmanager
+def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all: bool = False):
+    """The spec's step, built (under `fake`, a FakeTensorMode, its tensors are fake: nothing allocated).
+    freeze_all: every layer the scheduler would schedule frozen, no scheduler (slimfit/plan/budget.py)."""
+    import torch
+
+    ref = ref or resolve_model(spec.model, spec.task)
+    check_spec(spec, ref)
+    with _building(fake):
+        model = _build(spec, ref, fake=fake is not None)
+        optimizer = _optimizer(spec, model, fake=fake is not None)
+    # the batch is real even for a prediction (small; transformers reads the attention mask: fake.py); a fake
+    # run stays on the CPU whatever the spec's device (docs/plan.md: what a CUDA prediction is)
+    run_device = "cpu" if fake is not None else spec.device
+    inputs = {k: v.to(run_device) for k, v in make_batch(model, ref, spec.batch, spec.seq, spec.image_size,
+                                                         spec.seed).items()}
+    # outside the fake mode: the scheduler's bookkeeping is real
+    scheduler, scheduled = _scheduler(spec, model, optimizer, ref, freeze_all)
+    step = Step(spec, ref, model, inputs, optimizer, scheduler, scheduled=scheduled, run_device=run_device)
+    if spec.lora:
+        base = model.get_base_model()
+        step.lora_targets, step.lora_heads = tuple(lora_targets(base, ref)), tuple(lora_heads(base, ref))
+    step.params = sum(p.numel() for p in model.parameters())
+    step.optimized = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    step.trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if scheduler is not None:
+        step.layers, step.frozen_layers = scheduler.num_layers, len(scheduler.frozen_names())
+    try:
+        yield step
+    finally:
+        model.zero_grad(set_to_none=True)
+        del step, model, optimizer, scheduler
+        if torch.cuda.is_available() and spec.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def measure(spec: StepSpec, warmup_steps: int = 0, ref: ModelRef | None = None,
+            on_step: Callable[[Step], None] | None = None):
+    """The spec's step run for real and measured (slimfit.step_memory.StepMemory): the ground truth a
+    prediction is compared with. warmup_steps whole steps run first (CUDA: allocator, cuBLAS)."""
+    from .. import step_memory
+
+    with open_step(spec, ref=ref) as step:
+        if on_step is not None:
+            on_step(step)
+        for _ in range(warmup_steps):
+            run_step(step)
+        return step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step,
+                                        name=spec.label())
+
+
+def run_step(step: Step) -> None:
+    """One whole training step without any measuring (what a timer times)."""
+    loss = step.forward().loss
+    loss.backward()
+    del loss
+    step.optimizer.step()
+    step.optimizer.zero_grad(set_to_none=True)
+    step.after_step()

@@ -1,0 +1,61 @@
+"""`slimfit plan --fit`: the configuration it picks fits when measured for real, on a tiny model and tiny budgets;
+it says so when nothing fits; the code it prints is the configuration's."""
+from __future__ import annotations
+
+import pytest
+
+from slimfit.plan import StepSpec, measure, predict
+from slimfit.plan.search import candidates, fit
+
+BASE = StepSpec("bert-tiny", batch=4, seq=64)
+
+
+def test_candidates_cover_presets_rates_lora_and_checkpointing():
+    specs = candidates(BASE)
+    assert len(specs) == 40 and len(set(specs)) == 40
+    assert {s.preset for s in specs} == {"none", "exact", "paper", "aggressive"}
+    assert {s.rate for s in specs} == {0.0, 0.5, 0.7, 0.9} and {s.lora for s in specs} == {None, 8}
+    assert all(not (s.lora and s.rate) for s in specs)
+
+
+@pytest.fixture(scope="module")
+def plain_peak():
+    """The predicted peak of the plain step, the scale the budgets are taken from."""
+    return predict(BASE).total
+
+
+@pytest.mark.parametrize("share", [0.98, 0.8, 0.55])
+def test_the_configuration_picked_fits_when_measured(share, plain_peak):
+    budget = int(share * plain_peak)
+    result = fit(BASE, budget)
+    assert result.best is not None
+    measured = measure(result.best.spec)
+    assert measured.total <= budget, (result.best.spec.label(), measured.total, budget)
+    tried = [c for c in result.candidates if c.prediction is not None]
+    assert tried[-1] is result.best and all(c.total > budget for c in tried[:-1])
+    assert [c.est_seconds for c in result.candidates] == sorted(c.est_seconds for c in result.candidates)
+
+
+def test_nothing_fits_a_budget_below_the_weights(capsys):
+    from slimfit import cli
+
+    assert cli.main(["plan", "bert-tiny", "--batch", "4", "--seq", "64", "--fit", "100KiB"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing fits" in out and "resident alone too big" in out
+
+
+def test_fit_prints_the_code_of_the_configuration(capsys, plain_peak):
+    from slimfit import cli
+
+    assert cli.main(["plan", "bert-tiny", "--batch", "4", "--seq", "64", "--fit", str(int(0.8 * plain_peak))]) == 0
+    out = capsys.readouterr().out
+    assert "fastest that fits:" in out and "optimizer.step()" in out and "loss.backward()" in out
+    chosen = out.split("fastest that fits:")[1].splitlines()[0]
+    if "rate" in chosen:
+        assert "ILSScheduler(model, freeze_rate=" in out and "scheduler.step()" in out
+    if "LoRA" in chosen:
+        assert "get_peft_model(model, LoraConfig(r=8" in out
+    if any(p in chosen for p in ("exact", "paper", "aggressive")):
+        assert "slimfit.patch(model, slimfit.SlimFitConfig." in out
+    code = out.split("of the budget)")[1]
+    compile(code.replace("model = ...", "model = None"), "<plan>", "exec")  # it parses as Python
