@@ -6,6 +6,7 @@
     rms_norm(x, weight=None, eps=1e-6, *, save='int8', keep_ratio=0.1, ...)     (LlamaRMSNorm, bit-exact)
     silu(x, *, bits=4, group_size=128, stochastic=False)
     swiglu(gate, up, *, bits=4, up_bits=None, group_size=128, stochastic=False)  (silu(gate) * up)
+    geglu(gate, up, *, approximate='tanh', bits=4, ...)                         (gelu(gate) * up: Gemma)
     conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)      (frozen weight: 0 bytes)
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
@@ -26,6 +27,7 @@ from .attention import AttentionOptions, attention
 from .conv import conv
 from .dropout import DropoutOptions, dropout
 from .fused_attention import FusedAttentionOptions, fused_attention
+from .geglu import GeGLUOptions, geglu
 from .gelu import GELUOptions, gelu
 from .layernorm import layer_norm
 from .linear import LinearOptions, linear
@@ -36,7 +38,7 @@ from .sampled_linear import SampledLinearOptions
 from .silu import SiLUOptions, SwiGLUOptions, silu, swiglu
 
 __all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
-           "silu", "swiglu"]
+           "silu", "swiglu", "geglu", "GeGLUOptions"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
 __all__ += ["AttentionOptions", "DropoutOptions", "FusedAttentionOptions", "GELUOptions", "LayerNormOptions",
             "LinearCrossEntropyOptions", "LinearOptions", "MatmulOptions", "RMSNormOptions", "SampledLinearOptions",

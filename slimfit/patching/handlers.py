@@ -28,6 +28,7 @@ from .modules import (
     ConvMixin,
     DropoutMixin,
     FusedSwiGLUMixin,
+    GeGLUMixin,
     GELUMixin,
     LayerNormMixin,
     LinearMixin,
@@ -42,6 +43,7 @@ from .options import (
     ConvOptions,
     DropoutOptions,
     ExpertsOptions,
+    GeGLUOptions,
     GELUOptions,
     LinearOptions,
     NormOptions,
@@ -254,6 +256,22 @@ def _is_gated_mlp(module, ctx) -> bool:
     return gated_mlp_layout(module) == "separate" and activation_attribute(module, (nn.Module,)) is not None
 
 
+def _is_gelu_gated_mlp(module, ctx) -> bool:
+    """gate/up/down projections and a GELU activation child (Gemma's GELU-tanh)."""
+    return gated_mlp_layout(module) == "separate" and activation_attribute(module, tuple(ctx.gelu_kinds)) is not None
+
+
+def _geglu_options(ctx: PatchContext, name: str, module) -> GeGLUOptions:
+    act = getattr(module, activation_attribute(module, tuple(ctx.gelu_kinds)))
+    approx = ctx.gelu_kinds[type(act)]
+    return GeGLUOptions.from_config(ctx.config, act.approximate if approx is None else approx)
+
+
+def _claim_gelu_act(ctx: PatchContext, module, options) -> None:
+    # the MLP computes gelu(gate) itself: its activation child is not patched
+    ctx.claimed.add(id(getattr(module, activation_attribute(module, tuple(ctx.gelu_kinds)))))
+
+
 def _is_fused_gated_mlp(module, ctx) -> bool:
     """A fused gate_up projection ([gate, up] along the last dimension), down_proj and an activation child."""
     return gated_mlp_layout(module) == "fused" and activation_attribute(module, (nn.Module,)) is not None
@@ -352,6 +370,10 @@ HANDLERS: list = [
             lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
             lambda ctx, opts: f"{opts.bits}-bit input",
             skip=lambda ctx, module: "silu_bits=None" if ctx.config.silu_bits is None else None),
+    Handler("geglu", _is_gelu_gated_mlp, GeGLUMixin, _geglu_options,
+            lambda ctx, opts: f"gate and up {opts.bits}-bit (GELU {opts.approximate})",
+            skip=lambda ctx, module: "gelu_bits=None (GeGLU product saved as in PyTorch)"
+            if ctx.config.gelu_bits is None else None, on_patch=_claim_gelu_act, verify=_verify_mlp),
     Handler("swiglu", _is_gated_mlp, SwiGLUMixin,
             lambda ctx, name, module: ActivationOptions.from_config(ctx.config),
             lambda ctx, opts: f"gate and up {opts.bits}-bit", skip=_swiglu_skip, on_patch=_claim_act_fn,

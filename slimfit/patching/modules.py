@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import autograd
 from ..autograd.conv import conv
+from ..autograd.geglu import geglu
 from ..autograd.relu import relu
 from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
@@ -129,6 +130,17 @@ class SwiGLUMixin:
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
         h = swiglu(self.gate_proj(x), self.up_proj(x), options=getattr(self, OPTIONS))
+        return self.down_proj(h)
+
+
+class GeGLUMixin:
+    """A GeGLU MLP (down_proj(gelu(gate_proj(x)) * up_proj(x)): Gemma's GELU-tanh gate) whose product saves gate
+    and up quantized instead of three full tensors (slimfit.autograd.geglu)."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return _original_forward(self, x)
+        h = geglu(self.gate_proj(x), self.up_proj(x), options=getattr(self, OPTIONS))
         return self.down_proj(h)
 
 

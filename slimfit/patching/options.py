@@ -69,6 +69,16 @@ class ActivationOptions(autograd.SwiGLUOptions):
                    check_finite=config.check_finite)
 
 
+class GeGLUOptions(autograd.GeGLUOptions):
+    """The GELU-gated product of a GeGLU MLP: gate and up saved at `gelu_bits`, the GELU's approximation
+    the one its activation computes."""
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig, approximate: str):
+        return cls(bits=config.gelu_bits, approximate=approximate, group_size=config.group_size,
+                   stochastic=config.stochastic, check_finite=config.check_finite)
+
+
 @dataclass(frozen=True)
 class ExpertsOptions:
     """Mixture-of-experts layers with fused 3-D weights: each expert's gate_up and down projections as

@@ -115,14 +115,23 @@ def test_paper_with_frozen_layers_saves_several_times_less():
     assert slim.total * 3 < plain.total, (plain.total, slim.total)
 
 
-def test_non_silu_mlp_is_left_alone_and_said_so():
+def test_gelu_gated_mlp_is_a_geglu():
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=64, hidden_act="gelu")
     model = transformers.LlamaForCausalLM(cfg)
     summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
+    assert summary.counts().get("geglu[gate and up 4-bit (GELU none)]") == 1
+    assert "swiglu" not in str(summary) and "gelu[" not in str(summary)  # its activation is the MLP's
+
+
+def test_other_gated_mlp_is_left_alone_and_said_so():
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=64, hidden_act="relu")
+    model = transformers.LlamaForCausalLM(cfg)
+    summary = slimfit.patch(model, SlimFitConfig.paper()).slimfit_summary
     reasons = [reason for _, cls, reason in summary.skipped if cls == "LlamaMLP"]
-    assert reasons and "act_fn is GELUActivation, not SiLU" in reasons[0]
-    assert summary.counts().get("gelu[4-bit input (none)]") == 1  # its activation is patched on its own
+    assert reasons and "act_fn is ReLU, not SiLU" in reasons[0]
+    assert summary.counts().get("relu[1-bit mask (exact)]") == 1  # its activation is patched on its own
     assert "swiglu" not in str(summary)
 
 
