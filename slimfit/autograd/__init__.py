@@ -29,6 +29,7 @@ from .dropout import DropoutOptions, dropout
 from .fused_attention import FusedAttentionOptions, fused_attention
 from .geglu import GeGLUOptions, geglu
 from .gelu import GELUOptions, gelu
+from .layer_scale import LayerScaleOptions, layer_scale
 from .layernorm import layer_norm
 from .linear import LinearOptions, linear
 from .linear_cross_entropy import LinearCrossEntropyOptions, causal_lm_loss, linear_cross_entropy
@@ -38,7 +39,7 @@ from .sampled_linear import SampledLinearOptions
 from .silu import SiLUOptions, SwiGLUOptions, silu, swiglu
 
 __all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
-           "silu", "swiglu", "geglu", "GeGLUOptions"]
+           "silu", "swiglu", "geglu", "GeGLUOptions", "layer_scale", "LayerScaleOptions"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
 __all__ += ["AttentionOptions", "DropoutOptions", "FusedAttentionOptions", "GELUOptions", "LayerNormOptions",
             "LinearCrossEntropyOptions", "LinearOptions", "MatmulOptions", "RMSNormOptions", "SampledLinearOptions",

@@ -31,6 +31,7 @@ from .modules import (
     GeGLUMixin,
     GELUMixin,
     LayerNormMixin,
+    LayerScaleMixin,
     LinearMixin,
     ReLUMixin,
     RMSNormMixin,
@@ -45,6 +46,7 @@ from .options import (
     ExpertsOptions,
     GeGLUOptions,
     GELUOptions,
+    LayerScaleOptions,
     LinearOptions,
     NormOptions,
     ReLUOptions,
@@ -339,6 +341,26 @@ def _rmsnorm_mode(ctx: PatchContext, opts: NormOptions) -> str:
     return _norm_mode(ctx, opts) + (", weight 1 + w" if opts.weight_offset else "")
 
 
+def _is_layer_scale(module, ctx) -> bool:
+    """A leaf named like a scale whose one parameter is a 1-D vector (DINOv2's lambda1, ConvNeXt's gamma)."""
+    params = dict(module.named_parameters(recurse=False))
+    return (len(params) == 1 and next(iter(params.values())).dim() == 1 and not any(True for _ in module.children())
+            and "scale" in type(module).__name__.lower())
+
+
+def _layer_scale_options(ctx: PatchContext, name: str, module) -> LayerScaleOptions:
+    (attribute,) = dict(module.named_parameters(recurse=False))
+    return LayerScaleOptions.from_config(ctx.config, attribute)
+
+
+def _verify_layer_scale(ctx: PatchContext, module) -> str | None:
+    weight = getattr(module, getattr(module, OPTIONS).weight_attribute)
+    with random_weight(weight):
+        if agrees(module, vars(module)[ORIGINAL_CLASS], probe_input(weight.shape[0], weight)):
+            return None
+    return "scale-shaped, but its forward differs from x * w on a probe input: left as is"
+
+
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _RMSNORM_UNKNOWN = ("a norm (one 1-D weight, an epsilon) whose formula slimfit does not know: neither w nor "
                     "1 + w times x * rsqrt(mean(x²) + eps) matches its forward on a probe input (saved as in PyTorch)")
@@ -389,6 +411,10 @@ HANDLERS: list = [
             skip=lambda ctx, module: ("layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full
                                       else None),
             verify=_verify_rmsnorm),
+    Handler("layer scale", _is_layer_scale, LayerScaleMixin, _layer_scale_options,
+            lambda ctx, opts: f"input {opts.bits}-bit for the scale's gradient",
+            skip=lambda ctx, module: "ffn_out_input_bits=None (saved as in PyTorch)"
+            if ctx.config.ffn_out_input_bits is None else None, verify=_verify_layer_scale),
     Handler("relu", lambda module, ctx: type(module) is nn.ReLU, ReLUMixin, lambda ctx, name, module: ReLUOptions(),
             lambda ctx, opts: "1-bit mask (exact)",
             skip=lambda ctx, module: "inplace=True: left as is" if module.inplace else None),

@@ -17,6 +17,7 @@ from torch import nn
 from .. import autograd
 from ..autograd.conv import conv
 from ..autograd.geglu import geglu
+from ..autograd.layer_scale import layer_scale
 from ..autograd.relu import relu
 from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
@@ -168,6 +169,16 @@ class RMSNormMixin:
         # Gemma's (1 + w): the offset weight is a fresh (D,) tensor, its gradient the weight's
         weight = self.weight if opts.weight_offset == 0.0 else self.weight + opts.weight_offset
         return rms_norm(x, weight, getattr(self, opts.eps_attribute), options=kernel)
+
+
+class LayerScaleMixin:
+    """A per-channel scale x * w saving x quantized for w's gradient (slimfit.autograd.layer_scale)."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        opts = getattr(self, OPTIONS)
+        return layer_scale(x, getattr(self, opts.weight_attribute), options=opts)
 
 
 class ReLUMixin:

@@ -80,6 +80,20 @@ class GeGLUOptions(autograd.GeGLUOptions):
 
 
 @dataclass(frozen=True)
+class LayerScaleOptions(autograd.LayerScaleOptions):
+    """A per-channel scale's input saved at `ffn_out_input_bits` for the scale's gradient (the same precision
+    paper() gives the FFN output projection's input, which the scale multiplies); `weight_attribute` names
+    the module's one parameter."""
+
+    weight_attribute: str = "weight"
+
+    @classmethod
+    def from_config(cls, config: SlimFitConfig, weight_attribute: str):
+        return cls(bits=config.ffn_out_input_bits, group_size=config.group_size, stochastic=config.stochastic,
+                   check_finite=config.check_finite, weight_attribute=weight_attribute)
+
+
+@dataclass(frozen=True)
 class ExpertsOptions:
     """Mixture-of-experts layers with fused 3-D weights: each expert's gate_up and down projections as
     slimfit linears (a frozen weight saves nothing and computes no weight gradient), the gated product
