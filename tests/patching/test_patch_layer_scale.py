@@ -11,7 +11,6 @@ from slimfit.memory import measure
 from .encoder_zoo import build_model
 
 
-
 def _grads(model, inputs):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
