@@ -39,8 +39,8 @@ CALLS = "_slimfit_attention_calls"
 IMPLEMENTATIONS = ("sdpa", "eager")  # the implementations whose calls slimfit can take
 _WRAPPED = "__slimfit_original__"
 # Arguments slimfit's core understands; any other argument the original function names as a parameter
-# (position_bias, softcap, sinks, sliding_window) changes the result when given, so such a call goes
-# to the original function and is counted as a fallback.
+# (softcap, sinks, sliding_window) changes the result when given, so such a call goes to the original
+# function and is counted as a fallback. A position bias is folded into the mask (_with_position_bias).
 _UNDERSTOOD = {"module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"}
 
 
@@ -96,8 +96,32 @@ def _unsupported(signature: inspect.Signature, named: dict) -> str | None:
     return None
 
 
-def _wrap(original):
-    """The routing wrapper around one transformers attention function."""
+def _with_position_bias(kind: str, module, named: dict) -> dict | None:
+    """The call's arguments with an additive position bias (T5, DeBERTa-style) folded into the mask, as the
+    original function folds it (sdpa: transformers' create_position_bias_mask after its causal slicing;
+    eager: scores + bias + mask); None when that cannot be reproduced here. The bias usually trains, so the
+    mask requires grad and the materializing core (which returns the mask's gradient) takes the call."""
+    bias, mask = named.pop("position_bias"), named.get("attention_mask")
+    query, key, value = named["query"], named["key"], named["value"]
+    if kind == "eager":
+        if mask is not None and mask.dtype == torch.bool:
+            return None
+        return {**named, "attention_mask": bias if mask is None else bias + mask, "is_causal": False}
+    try:
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+    except ImportError:
+        return None
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = named.get("is_causal")
+    causal = bool(q_len > 1 and mask is None and (getattr(module, "is_causal", True) if causal is None else causal))
+    if causal and kv_len > q_len:
+        key, value, bias = key[:, :, :q_len], value[:, :, :q_len], bias[:, :, :, :q_len]
+    mask = create_position_bias_mask(bias, mask, causal, query, key)
+    return {**named, "key": key, "value": value, "attention_mask": mask, "is_causal": False}
+
+
+def _wrap(original, kind: str):
+    """The routing wrapper around one transformers attention function of `kind` ('sdpa' or 'eager')."""
     signature = inspect.signature(original)
 
     def slimfit_attention(module, *args, **kwargs):
@@ -106,18 +130,22 @@ def _wrap(original):
             return original(module, *args, **kwargs)
         named = _bind(signature, module, args, kwargs)
         query, key, value = (named or {}).get("query"), (named or {}).get("key"), (named or {}).get("value")
-        needs_grad = named is not None and torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value))
+        if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):  # a call slimfit cannot read
+            return original(module, *args, **kwargs)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         # training dropout without a graph (reentrant checkpointing's first pass) still takes slimfit's
         # seeded mask, the one the recompute draws
-        seeded = named is not None and module.training and float(named.get("dropout") or 0.0) > 0.0
+        seeded = module.training and float(named.get("dropout") or 0.0) > 0.0
         if not (needs_grad or seeded):
             return original(module, *args, **kwargs)
+        if named.get("position_bias") is not None:
+            named = _with_position_bias(kind, module, named) or named
         why_not = _unsupported(signature, named)
         if why_not is not None:
             _count(module, why_not)
             return original(module, *args, **kwargs)
         _count(module)
+        query, key, value = named["query"], named["key"], named["value"]
         return hf_attention.attend(module, opts, query, key, value, named.get("attention_mask"),
                                    dropout=named.get("dropout", 0.0), scaling=named.get("scaling"),
                                    is_causal=named.get("is_causal"))
@@ -132,13 +160,13 @@ def _route_registry() -> None:
 
     current = AttentionInterface._global_mapping.get("sdpa")
     if current is not None and not hasattr(current, _WRAPPED):
-        AttentionInterface.register("sdpa", _wrap(current))
+        AttentionInterface.register("sdpa", _wrap(current, "sdpa"))
 
 
 def _route_eager(modeling_module) -> None:
     current = getattr(modeling_module, "eager_attention_forward", None)
     if callable(current) and not hasattr(current, _WRAPPED):
-        modeling_module.eager_attention_forward = _wrap(current)
+        modeling_module.eager_attention_forward = _wrap(current, "eager")
 
 
 def ensure_routed(module) -> None:
