@@ -145,11 +145,20 @@ def _bmm(a: Tensor, b: Tensor) -> Tensor:
     return out.view(*lead, a.shape[-2], b.shape[-1])
 
 
-def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
-    """P = softmax(q·kᵀ·scale + mask) in fp32. A row whose keys are all masked gives zeros
-    (as PyTorch's scaled_dot_product_attention), not NaN."""
+def _capped_scores(q: Tensor, k: Tensor, scale: float, softcap: Optional[float]) -> Tensor:
+    """q·kᵀ·scale, soft-capped as Gemma2's attention computes it (cap·tanh(s / cap)) when `softcap`."""
     math_dtype = _math_dtype(q.dtype, q.device.type)
     scores = _bmm(q.to(math_dtype), k.to(math_dtype).transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
+
+
+def _probs(q: Tensor, k: Tensor, scale: float, attn_mask: Optional[Tensor], is_causal: bool,
+           softcap: Optional[float] = None) -> Tensor:
+    """P = softmax(cap(q·kᵀ·scale) + mask) in fp32 (cap: identity, or the soft cap). A row whose keys are
+    all masked gives zeros (as PyTorch's scaled_dot_product_attention), not NaN."""
+    scores = _capped_scores(q, k, scale, softcap)
     # A fresh tensor either way (the cast is a no-op for fp32), so masking may work in place.
     scores = _masked_scores(scores.to(torch.float32), attn_mask, is_causal)
     p = torch.softmax(scores, dim=-1)
@@ -177,10 +186,10 @@ def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -
 
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, options):
+    def forward(ctx, q, k, v, attn_mask, scale, is_causal, dropout_p, softcap, options):
         compute_dtype = q.dtype
         seed = draw_seed() if dropout_p > 0.0 else None
-        p32 = _probs(q, k, scale, attn_mask, is_causal)
+        p32 = _probs(q, k, scale, attn_mask, is_causal, softcap)
         out = _output(p32, v, dropout_p, options.dropout_mode, seed)
         p = p32.to(compute_dtype)  # P is stored in the input dtype (no copy for fp32)
 
@@ -213,6 +222,7 @@ class _AttentionFn(torch.autograd.Function):
 
         ctx.compute_dtype = compute_dtype
         ctx.scale = scale
+        ctx.softcap = softcap
         ctx.is_causal = is_causal
         ctx.seed = None if seed_tensor is not None else seed
         ctx.dropout_p = dropout_p
@@ -240,7 +250,7 @@ class _AttentionFn(torch.autograd.Function):
         k = restore(saved_k, math_dtype)
         v = restore(saved_v, math_dtype)
         if saved_p is None:  # 'recompute': P̃ of the dequantized point, consistent with Q̃, K̃
-            p32 = _probs(q, k, ctx.scale, mask, ctx.is_causal)
+            p32 = _probs(q, k, ctx.scale, mask, ctx.is_causal, ctx.softcap)
         else:
             p32 = restore(saved_p, torch.float32)  # no copy when P was saved in fp32
         # a row of NaN probabilities makes all of PyTorch's dV (of that head) NaN; top-k kept k of them
@@ -275,6 +285,10 @@ class _AttentionFn(torch.autograd.Function):
         if ctx.mask_shape is not None and ctx.needs_input_grad[3]:
             grad_mask = grad_s.sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
 
+        if ctx.softcap is not None:  # through cap·tanh(s / cap): d/ds = 1 - tanh², at the dequantized point
+            capped = _capped_scores(q, k, ctx.scale, ctx.softcap).to(torch.float32) / ctx.softcap
+            grad_s = grad_s * (1.0 - capped * capped)
+            del capped
         grad_s_scaled = (grad_s * ctx.scale).to(math_dtype)
         del grad_s
         grad_q = _bmm(grad_s_scaled, k).to(compute_dtype) if ctx.needs_input_grad[0] else None
@@ -285,7 +299,7 @@ class _AttentionFn(torch.autograd.Function):
         if lost is not None:
             grad_v = grad_v + lost
         grad_v = grad_v.to(compute_dtype) if ctx.needs_input_grad[2] else None
-        return grad_q, grad_k, grad_v, grad_mask, None, None, None, None
+        return grad_q, grad_k, grad_v, grad_mask, None, None, None, None, None
 
 
 # ------------------------------------------------------------------ validation
@@ -377,9 +391,11 @@ def attention(
     group_size: int = 128,
     dropout_mode: str = "seed",
     check_finite: bool = False,
+    softcap: Optional[float] = None,
     options: Optional[AttentionOptions] = None,
 ) -> Tensor:
-    """softmax(q·kᵀ·scale + mask)·v with compressed activations saved for backward.
+    """softmax(q·kᵀ·scale + mask)·v with compressed activations saved for backward; with `softcap`,
+    the scores are soft-capped first, cap·tanh(s / cap), as Gemma2's attention does.
 
     q: (..., Sq, D), k: (..., Sk, D), v: (..., Sk, Dv), e.g. (B, H, S, D); leading dims equal.
     scale: defaults to 1/sqrt(D). attn_mask: bool (True = attend) or additive float,
@@ -397,6 +413,10 @@ def attention(
     options = call_options(AttentionOptions, options, qkv_bits=qkv_bits, probs=probs, keep_ratio=keep_ratio,
                            group_size=group_size, dropout_mode=dropout_mode, check_finite=check_finite)
     _check_call(q, k, attn_mask, is_causal, dropout_p, scale)
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"slimfit.attention: softcap must be None or a positive number, got {softcap!r}")
+    softcap = None if softcap is None else float(softcap)
     if amp_dtype is not None:
         q, k, v = q.to(amp_dtype), k.to(amp_dtype), v.to(amp_dtype)
     if amp_dtype is not None and attn_mask is not None and attn_mask.is_floating_point():
@@ -411,6 +431,6 @@ def attention(
     with no_autocast(q.device.type):
         if not needs_graph:  # inference: nothing to save, plain math
             seed = draw_seed() if p_drop > 0.0 else None
-            p32 = _probs(q, k, float(scale), attn_mask, bool(is_causal))
+            p32 = _probs(q, k, float(scale), attn_mask, bool(is_causal), softcap)
             return _output(p32, v, p_drop, options.dropout_mode, seed)
-        return _AttentionFn.apply(q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, options)
+        return _AttentionFn.apply(q, k, v, attn_mask, float(scale), bool(is_causal), p_drop, softcap, options)

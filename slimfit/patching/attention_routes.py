@@ -39,9 +39,10 @@ CALLS = "_slimfit_attention_calls"
 IMPLEMENTATIONS = ("sdpa", "eager")  # the implementations whose calls slimfit can take
 _WRAPPED = "__slimfit_original__"
 # Arguments slimfit's core understands; any other argument the original function names as a parameter
-# (softcap, sinks, sliding_window) changes the result when given, so such a call goes to the original
-# function and is counted as a fallback. A position bias is folded into the mask (_with_position_bias).
-_UNDERSTOOD = {"module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"}
+# (sinks, sliding_window) changes the result when given, so such a call goes to the original function and
+# is counted as a fallback. A position bias is folded into the mask (_with_position_bias); soft-capping goes
+# to the materializing core.
+_UNDERSTOOD = {"module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal", "softcap"}
 
 
 @dataclasses.dataclass
@@ -91,8 +92,9 @@ def _unsupported(signature: inspect.Signature, named: dict) -> str | None:
     for name, value in named.items():
         if value is not None and name not in _UNDERSTOOD and name in signature.parameters:
             return f"{name} given (slimfit's core does not apply it)"
-    if named.get("softcap") is not None:  # sdpa's function refuses it through **kwargs: so must we
-        return "softcap given (slimfit's core does not apply it)"
+    if named.get("softcap") is not None and "softcap" not in signature.parameters:
+        # sdpa's function refuses it (through **kwargs), an eager one that does not name it ignores it
+        return "softcap given to a function that does not apply it (left to that function)"
     return None
 
 
@@ -148,7 +150,7 @@ def _wrap(original, kind: str):
         query, key, value = named["query"], named["key"], named["value"]
         return hf_attention.attend(module, opts, query, key, value, named.get("attention_mask"),
                                    dropout=named.get("dropout", 0.0), scaling=named.get("scaling"),
-                                   is_causal=named.get("is_causal"))
+                                   is_causal=named.get("is_causal"), softcap=named.get("softcap"))
 
     setattr(slimfit_attention, _WRAPPED, original)
     slimfit_attention.__name__ = f"slimfit_{getattr(original, '__name__', 'attention')}"

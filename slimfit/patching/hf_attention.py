@@ -80,9 +80,10 @@ def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_
 
 
 def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dropout=0.0, scaling=None,
-           is_causal=None):
+           is_causal=None, softcap=None):
     """slimfit's attention for one call of a transformers attention function (sdpa or eager
-    signature): (output in (B, S, H, D) layout, None), as those functions return."""
+    signature): (output in (B, S, H, D) layout, None), as those functions return. `softcap` (Gemma2's
+    eager attention): scores soft-capped, which only the materializing core computes."""
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
     causal = bool(q_len > 1 and attention_mask is None and causal)
@@ -90,6 +91,8 @@ def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dr
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     p_drop = float(dropout) if module.training else 0.0
     path, why = choose_path(opts, query, key, value, attention_mask, p_drop, causal)
+    if softcap is not None:
+        path, why = "materialize", "soft-capped scores (no fused kernel computes them)"
     if path == "fused":
         out = autograd.fused_attention(query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
                                        dropout_p=dropout, training=module.training, options=opts.fused)
@@ -103,5 +106,5 @@ def attend(module, opts: AttentionOptions, query, key, value, attention_mask, dr
     if groups > 1:
         key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     out = autograd.attention(query, key, value, scale=scaling, attn_mask=attention_mask, is_causal=causal,
-                             dropout_p=dropout, training=module.training, options=opts.materialize)
+                             dropout_p=dropout, training=module.training, softcap=softcap, options=opts.materialize)
     return out.transpose(1, 2).contiguous(), None
