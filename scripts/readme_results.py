@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""The README's numbers, generated from bench/results (never copied by hand).
+
+    python scripts/readme_results.py           # rewrite README.md's generated blocks
+    python scripts/readme_results.py --check   # exit 1 when README.md differs from what the results say
+
+Blocks: between `<!-- generated:headline -->` / `<!-- generated:table -->` and `<!-- end -->`. Source:
+bench/results/frontier_cpu.csv (the total step peak of one whole training step, per model and method).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+FRONTIER = os.path.join(ROOT, "bench", "results", "frontier_cpu.csv")
+CASES = {"bert-16": "BERT-base, batch 16, seq 128", "smollm2-2048": "SmolLM2-135M shape, batch 1, seq 2048"}
+METHODS = {"sdpa": "PyTorch, full fine-tuning (SDPA)", "grad-ckpt": "gradient checkpointing",
+           "adamw8bit-bnb": "8-bit AdamW (bitsandbytes)", "badam": "BAdam (one block at a time)",
+           "lora-r8": "LoRA r=8", "lora-r8+ckpt": "LoRA r=8 + checkpointing",
+           "slimfit-paper": "**slimfit `paper()`**, full fine-tuning", "slimfit-aggressive": "slimfit `aggressive()`",
+           "slimfit-paper+lora": "slimfit `paper()` + LoRA r=8",
+           "slimfit-paper+lora+ckpt": "slimfit `paper()` + LoRA r=8 + checkpointing"}
+
+
+def _rows() -> dict:
+    """{(case, method): step peak MiB} of the measured rows (the last measurement of each)."""
+    out = {}
+    with open(FRONTIER, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row.get("step_peak_mib"):
+                out[(row["case"], row["method"])] = float(row["step_peak_mib"])
+    return out
+
+
+def headline(rows: dict) -> str:
+    parts = []
+    for case, label in CASES.items():
+        plain, mine = rows.get((case, "sdpa")), rows.get((case, "slimfit-paper"))
+        if plain and mine:
+            parts.append(f"{label}: {mine:,.0f} MiB instead of {plain:,.0f} MiB ({plain / mine:.2f}x less)")
+    return ("Total peak memory of one whole training step (weights, gradients, AdamW state, activations, "
+            "temporaries), full fine-tuning with `paper()` and the scheduler against plain PyTorch: "
+            + "; ".join(parts) + ".")
+
+
+def table(rows: dict) -> str:
+    cases = [c for c in CASES if (c, "sdpa") in rows]
+    lines = ["| step peak, MiB (CPU, fp32) | " + " | ".join(CASES[c] for c in cases) + " |",
+             "|---|" + "---:|" * len(cases)]
+    for method, label in METHODS.items():
+        cells = []
+        for case in cases:
+            peak = rows.get((case, method))
+            cells.append("-" if peak is None else f"{peak:,.0f} ({rows[(case, 'sdpa')] / peak:.2f}x)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(text: str) -> str:
+    rows = _rows()
+    for name, body in (("headline", headline(rows)), ("table", table(rows))):
+        # the block's text up to its own end marker (lazy: never past it into the next block)
+        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- end -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no <!-- generated:{name} --> block")
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv=None) -> int:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--check", action="store_true")
+    check = args.parse_args(argv).check
+    current = open(README).read()
+    wanted = render(current)
+    if check:
+        if wanted != current:
+            print("README.md's numbers differ from bench/results: run python scripts/readme_results.py")
+            return 1
+        return 0
+    with open(README, "w") as fh:
+        fh.write(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
