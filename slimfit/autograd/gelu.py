@@ -33,13 +33,15 @@ from ._common import (
 
 __all__ = ["gelu", "GELUOptions"]
 
-_APPROX = ("none", "tanh")
+_APPROX = ("none", "tanh", "quick")  # quick: x * sigmoid(1.702 x) (QuickGELU: CLIP)
+_QUICK = 1.702
 
 
 @dataclass(frozen=True)
 class GELUOptions:
     """A GELU's options: its input saved as `bits`-bit (8/4/2) codes per group of `group_size`,
-    rounded to nearest or stochastically; `approximate` the formula ('none': erf, 'tanh'); `check_finite`
+    rounded to nearest or stochastically; `approximate` the formula ('none': erf, 'tanh', 'quick': QuickGELU's
+    x * sigmoid(1.702 x)); `check_finite`
     raises on NaN/Inf in what is saved. Checked once, here."""
 
     op: ClassVar[str] = "gelu"
@@ -54,14 +56,15 @@ class GELUOptions:
         check_group_size(self.op, self.group_size)
         check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
         if self.approximate not in _APPROX:
-            raise ValueError(f"slimfit.{self.op}: approximate must be 'none' or 'tanh', got {self.approximate!r}")
+            raise ValueError(f"slimfit.{self.op}: approximate must be 'none', 'tanh' or 'quick', got "
+                             f"{self.approximate!r}")
 
 
 class _GELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, options):
         with no_autocast(x.device.type):
-            out = F.gelu(x, approximate=options.approximate)
+            out = _forward(x, options.approximate)
         save(ctx, compress_quantize(x, options.bits, options.group_size, options.stochastic, options.check_finite))
         ctx.approximate = options.approximate
         ctx.device_type = x.device.type
@@ -73,9 +76,20 @@ class _GELU(torch.autograd.Function):
         (q,) = load(ctx)
         with no_autocast(ctx.device_type):
             x = restore(q, torch.float32)  # a fresh buffer: the gradient is written over it
-            grad = torch.ops.aten.gelu_backward.grad_input(grad_out.to(torch.float32), x, approximate=ctx.approximate,
-                                                           grad_input=x)
+            if ctx.approximate == "quick":  # d/dx x·s(ax) = s + a·x·s·(1 - s), s = sigmoid(a·x)
+                s = torch.sigmoid(_QUICK * x)
+                grad = grad_out.to(torch.float32) * (s + _QUICK * x * s * (1.0 - s))
+            else:
+                grad = torch.ops.aten.gelu_backward.grad_input(grad_out.to(torch.float32), x,
+                                                               approximate=ctx.approximate, grad_input=x)
         return grad.to(q.dtype), None
+
+
+def _forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """The GELU the module computes, op for op (QuickGELU as transformers writes it)."""
+    if approximate == "quick":
+        return x * torch.sigmoid(_QUICK * x)
+    return F.gelu(x, approximate=approximate)
 
 
 def gelu(
@@ -96,5 +110,5 @@ def gelu(
     options = call_options(GELUOptions, options, bits=bits, approximate=approximate, group_size=group_size,
                            stochastic=stochastic, check_finite=check_finite)
     if not (torch.is_grad_enabled() and x.requires_grad):
-        return F.gelu(x, approximate=options.approximate)
+        return _forward(x, options.approximate)
     return _GELU.apply(x, options)

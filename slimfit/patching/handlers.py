@@ -158,7 +158,7 @@ def gelu_kinds() -> dict:
         from transformers import activations
 
         for name, approx in (("GELUActivation", "none"), ("NewGELUActivation", "tanh"),
-                             ("GELUTanh", "tanh"), ("PytorchGELUTanh", "tanh")):
+                             ("GELUTanh", "tanh"), ("PytorchGELUTanh", "tanh"), ("QuickGELUActivation", "quick")):
             if hasattr(activations, name):
                 kinds[getattr(activations, name)] = approx
     except ImportError:
@@ -259,19 +259,22 @@ def _is_gated_mlp(module, ctx) -> bool:
 
 
 def _is_gelu_gated_mlp(module, ctx) -> bool:
-    """gate/up/down projections and a GELU activation child (Gemma's GELU-tanh)."""
-    return gated_mlp_layout(module) == "separate" and activation_attribute(module, tuple(ctx.gelu_kinds)) is not None
+    """gate/up/down projections and an erf or tanh GELU activation child (Gemma's GELU-tanh)."""
+    gelus = tuple(cls for cls, approx in ctx.gelu_kinds.items() if approx != "quick")
+    return gated_mlp_layout(module) == "separate" and activation_attribute(module, gelus) is not None
 
 
 def _geglu_options(ctx: PatchContext, name: str, module) -> GeGLUOptions:
-    act = getattr(module, activation_attribute(module, tuple(ctx.gelu_kinds)))
+    gelus = tuple(cls for cls, approx in ctx.gelu_kinds.items() if approx != "quick")
+    act = getattr(module, activation_attribute(module, gelus))
     approx = ctx.gelu_kinds[type(act)]
     return GeGLUOptions.from_config(ctx.config, act.approximate if approx is None else approx)
 
 
 def _claim_gelu_act(ctx: PatchContext, module, options) -> None:
     # the MLP computes gelu(gate) itself: its activation child is not patched
-    ctx.claimed.add(id(getattr(module, activation_attribute(module, tuple(ctx.gelu_kinds)))))
+    gelus = tuple(cls for cls, approx in ctx.gelu_kinds.items() if approx != "quick")
+    ctx.claimed.add(id(getattr(module, activation_attribute(module, gelus))))
 
 
 def _is_fused_gated_mlp(module, ctx) -> bool:
