@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--peak", action="store_true", help="also the total step peak of plain and paper()")
     p.add_argument("--quick", action="store_true", help="3 narrow architectures, seq 64; writes nothing")
+    p.add_argument("--render-only", action="store_true", help="the Markdown again from the CSV")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     names = list(QUICK) if args.quick else [n.strip() for n in (args.only or ",".join(ZOO)).split(",") if n.strip()]
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     done = [] if args.quick or not os.path.exists(csv_path) else _results.read_rows(csv_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name in names:
+        for name in [] if args.render_only else names:
             if any(r["model"] == name and r.get("status") == "ok" for r in done):
                 continue
             try:

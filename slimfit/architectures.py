@@ -238,7 +238,19 @@ def prime_optimizer(optimizer) -> None:
         return
     for p in params:
         p.grad = torch.zeros_like(p)
-    optimizer.step()
+    # the step without the optimizer's own hooks: the scheduler's guard drops the gradients of frozen layers
+    # before a step, and those layers' state is what is being made here
+    hooks = [getattr(optimizer, name, None) for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")]
+    saved = [dict(h) if h is not None else None for h in hooks]
+    for h in hooks:
+        if h is not None:
+            h.clear()
+    try:
+        optimizer.step()
+    finally:
+        for h, kept in zip(hooks, saved):
+            if h is not None:
+                h.update(kept)
     for p in params:
         p.grad = None
 

@@ -75,3 +75,21 @@ def test_step_peak_with_adamw_state_made_first():
     assert all(p.grad is None for p in model.parameters())
     default = archs.measure_step_peak(model, inputs)  # its own AdamW: the same step
     assert default.total == run.total
+
+
+def test_priming_makes_the_state_of_layers_the_scheduler_froze():
+    """Under the scheduler every layer has trained at some step and keeps its AdamW state while frozen; the
+    scheduler's guard drops frozen layers' gradients before a step, so priming must not go through it."""
+    import torch
+
+    from slimfit.scheduler import ILSScheduler
+
+    arch = archs.resolve("bert-tiny")
+    model = archs.build(arch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    scheduler = ILSScheduler(model, freeze_rate=0.7, seed=0)
+    scheduler.attach_optimizer(optimizer)
+    assert scheduler.num_frozen > 0
+    archs.prime_optimizer(optimizer)
+    assert all(optimizer.state.get(p) for p in model.parameters())
+    assert not any(p.grad is not None for p in model.parameters())
