@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ._json_config import load_json, save_json
 from .autograd._common import NORM_SAVES
 from .autograd.attention import PROBS_MODES
 from .autograd.wta_crs import SAMPLERS
@@ -227,31 +228,13 @@ class SlimFitConfig:
     def save_pretrained(self, save_directory) -> str:
         """Write the config as JSON to `save_directory`/slimfit_config.json (beside a model's
         save_pretrained files); returns the file's path."""
-        import json
-        import os
-
-        os.makedirs(save_directory, exist_ok=True)
-        path = os.path.join(save_directory, CONFIG_NAME)
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        return path
+        return save_json(self.to_dict(), save_directory, CONFIG_NAME)
 
     @classmethod
     def from_pretrained(cls, path) -> "SlimFitConfig":
         """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file),
         read by `from_dict` (a format version it does not know is refused)."""
-        import json
-        import os
-
-        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"SlimFitConfig.from_pretrained: no {CONFIG_NAME} at {path!r}")
-        with open(file) as f:
-            try:
-                values = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"SlimFitConfig.from_pretrained: {file} is not valid JSON ({exc})") from None
+        values = load_json(path, CONFIG_NAME, "SlimFitConfig")
         return cls.from_dict(values)
 
     # ------------------------------------------------------------------ presets

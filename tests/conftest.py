@@ -21,6 +21,16 @@ def device(request):
     return request.param
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (the shared 2-core machines: small models stay fast and sums keep one
+    order), the previous count restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def native_loaded() -> bool:
     from slimfit.kernels import backend_info
 

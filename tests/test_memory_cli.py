@@ -12,14 +12,8 @@ from slimfit import memory_cli  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: threads only add barrier waits (badly so on a shared, busy machine).
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny tensors: threads only add barrier waits (badly so on a shared, busy machine)."""
 
 
 def _args(*argv: str) -> argparse.Namespace:

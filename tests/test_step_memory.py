@@ -13,11 +13,8 @@ MiB = 2 ** 20
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """One intra-op thread (tests/conftest.py's one_thread) for every test here."""
 
 
 def _nbytes(*tensors) -> int:

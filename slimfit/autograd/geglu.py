@@ -1,7 +1,7 @@
 """The GELU-gated product gelu(gate) * up of a GeGLU MLP (Gemma: `down(act(gate(x)) * up(x))` with a
 GELU-tanh activation), saving gate and up quantized instead of the three full tensors PyTorch keeps (gate
-for GELU, gelu(gate) and up for the product). Forward exact; backward at the dequantized values, as
-swiglu's."""
+for GELU, gelu(gate) and up for the product). The same gated-product Function as swiglu's
+(silu._GatedProduct), with GELU as the activation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,13 +15,8 @@ from ._common import (
     call_options,
     check_float,
     check_same_device,
-    compress_quantize,
-    load,
-    no_autocast,
-    restore,
-    save,
 )
-from .silu import SwiGLUOptions
+from .silu import SwiGLUOptions, _GatedProduct
 
 __all__ = ["geglu", "GeGLUOptions"]
 APPROXIMATIONS = ("none", "tanh")
@@ -40,34 +35,11 @@ class GeGLUOptions(SwiGLUOptions):
             raise ValueError(f"slimfit.geglu: approximate must be one of {APPROXIMATIONS}, got {self.approximate!r}")
 
 
-class _GeGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, options):
-        with no_autocast(gate.device.type):
-            out = F.gelu(gate, approximate=options.approximate) * up
-        group_size, stochastic, check_finite = options.group_size, options.stochastic, options.check_finite
-        saved_up = None
-        if ctx.needs_input_grad[0]:
-            saved_up = compress_quantize(up, options.saved_up_bits, group_size, stochastic, check_finite)
-        save(ctx, compress_quantize(gate, options.bits, group_size, stochastic, check_finite), saved_up)
-        ctx.device_type, ctx.up_dtype, ctx.approximate = gate.device.type, up.dtype, options.approximate
-        return out
-
+class _GeGLU(_GatedProduct):
     @staticmethod
     @backward_once("geglu")
     def backward(ctx, grad_out):
-        q_gate, q_up = load(ctx)
-        need_gate, need_up = ctx.needs_input_grad[:2]
-        grad_gate = grad_up = None
-        with no_autocast(ctx.device_type):
-            g = grad_out.to(torch.float32)
-            gate = restore(q_gate, torch.float32)
-            if need_up:
-                grad_up = F.gelu(gate, approximate=ctx.approximate).mul_(g).to(ctx.up_dtype)
-            if need_gate:
-                gu = restore(q_up, torch.float32).mul_(g)
-                grad_gate = torch.ops.aten.gelu_backward(gu, gate, approximate=ctx.approximate).to(q_gate.dtype)
-        return grad_gate, grad_up, None
+        return _GatedProduct.gated_backward(ctx, grad_out)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "tanh", bits: int = 4,

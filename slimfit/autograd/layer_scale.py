@@ -15,34 +15,25 @@ import torch
 from ._common import (
     backward_once,
     call_options,
-    check_bits,
-    check_flag,
     check_float,
-    check_group_size,
     check_same_device,
     compress_quantize,
     load,
     restore,
     save,
 )
+from .silu import SiLUOptions
 
 __all__ = ["layer_scale", "LayerScaleOptions"]
 
 
 @dataclass(frozen=True)
-class LayerScaleOptions:
-    """x saved at `bits` (8/4/2) per group of `group_size` for the scale's gradient; checked once."""
+class LayerScaleOptions(SiLUOptions):
+    """x saved at `bits` (8/4/2) per group of `group_size` for the scale's gradient: SiLU's saving options
+    (checked once, there), 8 bits by default."""
 
     op: ClassVar[str] = "layer_scale"
     bits: int = 8
-    group_size: int = 128
-    stochastic: bool = False
-    check_finite: bool = False
-
-    def __post_init__(self):
-        check_bits(self.op, "bits", self.bits)
-        check_group_size(self.op, self.group_size)
-        check_flag(self.op, stochastic=self.stochastic, check_finite=self.check_finite)
 
 
 class _LayerScale(torch.autograd.Function):

@@ -100,41 +100,62 @@ class _SiLU(torch.autograd.Function):
         return grad.to(q.dtype), None
 
 
-class _SwiGLU(torch.autograd.Function):
+def _activate(x: torch.Tensor, approximate: str | None) -> torch.Tensor:
+    """The gate's activation: SiLU (approximate None) or GELU ('none' | 'tanh')."""
+    return F.silu(x) if approximate is None else F.gelu(x, approximate=approximate)
+
+
+def _activation_backward(gu: torch.Tensor, x: torch.Tensor, approximate: str | None) -> torch.Tensor:
+    """d activation(x) times gu, written over gu."""
+    if approximate is None:
+        return torch.ops.aten.silu_backward.grad_input(gu, x, grad_input=gu)
+    return torch.ops.aten.gelu_backward.grad_input(gu, x, approximate=approximate, grad_input=gu)
+
+
+class _GatedProduct(torch.autograd.Function):
+    """activation(gate) * up saving gate and up quantized; the activation is SiLU, or GELU when the options
+    carry an `approximate` (geglu.GeGLUOptions). Subclasses add the backward under their op's name."""
+
     @staticmethod
     def forward(ctx, gate, up, options):
+        approximate = getattr(options, "approximate", None)
         with no_autocast(gate.device.type):
-            out = F.silu(gate) * up
+            out = _activate(gate, approximate) * up
         need_gate = ctx.needs_input_grad[0]
         group_size, stochastic, check_finite = options.group_size, options.stochastic, options.check_finite
         saved_up = None
         if need_gate:
             saved_up = compress_quantize(up, options.saved_up_bits, group_size, stochastic, check_finite)
         save(ctx, compress_quantize(gate, options.bits, group_size, stochastic, check_finite), saved_up)
-        ctx.device_type = gate.device.type
-        ctx.up_dtype = up.dtype
+        ctx.device_type, ctx.up_dtype, ctx.approximate = gate.device.type, up.dtype, approximate
         return out
 
     @staticmethod
-    @backward_once("swiglu")
-    def backward(ctx, grad_out):
+    def gated_backward(ctx, grad_out):
         q_gate, q_up = load(ctx)
         need_gate, need_up = ctx.needs_input_grad[:2]
         grad_gate = grad_up = None
         with no_autocast(ctx.device_type):
             # the dequantized gate and up are fresh buffers; each product is written over its second
             # factor (multiplication commutes bit for bit), and d_gate over g·up~. A strided g keeps the
-            # product g * up~ in its layout, as before (silu_backward's vectorized and scalar loops differ
-            # in the last bit, and the layout picks the loop)
+            # product g * up~ in its layout (silu_backward's vectorized and scalar loops differ in the last
+            # bit, and the layout picks the loop)
             g = grad_out.to(torch.float32)
             gate = restore(q_gate, torch.float32)
             if need_up:
-                grad_up = F.silu(gate).mul_(g).to(ctx.up_dtype)
+                grad_up = _activate(gate, ctx.approximate).mul_(g).to(ctx.up_dtype)
             if need_gate:
                 up = restore(q_up, torch.float32)
                 gu = up.mul_(g) if g.is_contiguous() else g * up
-                grad_gate = torch.ops.aten.silu_backward.grad_input(gu, gate, grad_input=gu).to(q_gate.dtype)
+                grad_gate = _activation_backward(gu, gate, ctx.approximate).to(q_gate.dtype)
         return grad_gate, grad_up, None
+
+
+class _SwiGLU(_GatedProduct):
+    @staticmethod
+    @backward_once("swiglu")
+    def backward(ctx, grad_out):
+        return _GatedProduct.gated_backward(ctx, grad_out)
 
 
 def silu(x: torch.Tensor, *, bits: int = 4, group_size: int = 128, stochastic: bool = False,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .attention_routes import calls_of
+
 NOTHING_PATCHED = ("nothing is compressed: no module of this model is one slimfit patches (linear, GELU/SiLU, "
                    "LayerNorm/RMSNorm, dropout, conv, transformers or SDPA attention); its training step is "
                    "plain PyTorch")
@@ -36,7 +38,7 @@ class PatchSummary:
         forwards = reached = 0
         not_reached = []
         for name, module in self.attention_modules:
-            calls = vars(module).get("_slimfit_attention_calls")
+            calls = calls_of(module)
             if calls is None:  # unpatched since
                 continue
             forwards += calls.forwards

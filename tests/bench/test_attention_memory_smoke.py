@@ -12,13 +12,8 @@ from bench import _timing, attention_memory  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """One intra-op thread (tests/conftest.py's one_thread) for every test here."""
 
 
 def test_quick_run_prints_the_table(capsys):
