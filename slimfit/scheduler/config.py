@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .._json_config import load_json, save_json
 from .candidates import KINDS, TASK_HEAD
 from .optim import FROZEN_UPDATES
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES
@@ -474,13 +473,31 @@ class SchedulerConfig:
     def save_pretrained(self, save_directory) -> str:
         """Write the config as JSON to ``save_directory``/slimfit_scheduler.json (beside a model's
         save_pretrained files or a checkpoint); returns the file's path."""
-        return save_json(self.to_dict(), save_directory, CONFIG_NAME)
+        import json
+        import os
+
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, CONFIG_NAME)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        return path
 
     @classmethod
     def from_pretrained(cls, path, /, **changes) -> "SchedulerConfig":
         """The config ``save_pretrained`` wrote (a directory holding slimfit_scheduler.json, or the file),
         with ``changes`` applied (see from_dict)."""
-        values = load_json(path, CONFIG_NAME, "SchedulerConfig")
+        import json
+        import os
+
+        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"SchedulerConfig.from_pretrained: no {CONFIG_NAME} at {path!r}")
+        with open(file) as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"SchedulerConfig.from_pretrained: {file} is not valid JSON ({exc})") from None
         return cls.from_dict(values, **changes)
 
 
