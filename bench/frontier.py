@@ -54,11 +54,12 @@ LORA_TARGETS = ["query", "value", "q_proj", "v_proj"]
 CASES = {  # name -> (architecture, batch, seq)
     "bert-16": ("bert-base", 16, 128), "bert-64": ("bert-base", 64, 128),
     "smollm2-2048": ("smollm2-135m", 1, 2048), "smollm2-8192": ("smollm2-135m", 1, 8192),
+    "bert-128": ("bert-base", 128, 128),  # the GPU shape
 }
 DEFAULT_CASES = "bert-16,smollm2-2048"
 FIELDS = ["case", "model", "batch", "seq", "method", "status", "step_peak_mib", "resident_mib", "weights_mib",
           "gradients_mib", "optimizer_mib", "saved_mib", "transient_mib", "step_s", "reps", "device_name", "torch",
-          "date", "commit"]
+          "date", "commit", "dtype"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,14 +151,14 @@ class _CutCrossEntropy(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def method_setup(arch, method: Method, batch: int, seq: int):
+def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu", dtype: str = "fp32"):
     """A _measure.Setup of one method on a fresh model: built, wrapped, patched, with its optimizer and the
-    scheduler's step."""
+    scheduler's step, on `device`, under `dtype` autocast."""
     import slimfit
     from slimfit.config import SlimFitConfig
 
-    model = archs.build(arch, attn_implementation="sdpa", seed=0)
-    inputs = archs.make_inputs(model, arch.task, batch, seq, None, seed=0)
+    model = archs.build(arch, attn_implementation="sdpa", seed=0).to(device)
+    inputs = archs.make_inputs(model, arch.task, batch, seq, None, seed=0, device=device)
     if method.ckpt:
         _checkpointing(model)
     if method.lora:
@@ -176,7 +177,7 @@ def method_setup(arch, method: Method, batch: int, seq: int):
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
     try:
-        yield _measure.Setup(model, inputs, optimizer=optimizer,
+        yield _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
                              after_step=scheduler.step if scheduler is not None else None)
     finally:
         del model, optimizer, scheduler
@@ -190,13 +191,19 @@ def measure_row(case: str, method_name: str, args) -> dict:
         arch = dataclasses.replace(arch, config={**arch.config, "num_hidden_layers": 2})
     versions = _results.versions()
     row = {"case": case, "model": arch.name, "batch": batch, "seq": seq, "method": method_name, "status": "ok",
-           "device_name": _results.device_name("cpu"), "torch": versions["torch"], "date": _results.now(),
-           "commit": _results.commit_label()}
+           "device_name": _results.device_name(args.device), "torch": versions["torch"], "date": _results.now(),
+           "commit": _results.commit_label(), "dtype": args.dtype}
+    gpu = args.device.startswith("cuda")
     settings = _timing.Settings(cpu_warmup=0, cpu_min_reps=args.repeats, cpu_min_time_s=0.0,
-                                cpu_max_reps=args.repeats, cpu_slow_min_reps=args.repeats)
-    case_ = _measure.Case(method_name, lambda: method_setup(arch, METHODS[method_name], batch, seq))
+                                cpu_max_reps=args.repeats, cpu_slow_min_reps=args.repeats,
+                                cuda_warmup_ms=1.0, cuda_rep_ms=args.cuda_rep_ms)
+    what = _measure.What(saved=False, time=settings, warmup_steps=3 if gpu else 0)  # GPU: cuBLAS, allocator
+    case_ = _measure.Case(method_name, lambda: method_setup(arch, METHODS[method_name], batch, seq, args.device,
+                                                            args.dtype))
+    if gpu:
+        torch.cuda.empty_cache()
     try:
-        (_, result), = _measure.run([case_], _measure.What(saved=False, time=settings))
+        (_, result), = _measure.run([case_], what)
     except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is a row saying why
         if not _compiled_inside(exc):
             row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -204,7 +211,7 @@ def measure_row(case: str, method_name: str, args) -> dict:
         # torch.compile inside the step stops under the CPU tracker's dispatch mode: time only
         row["status"] = "step peak not measurable on the CPU (torch.compile inside the step); time only"
         torch._dynamo.reset()  # the failed attempt under the tracker marked its frames as skipped
-        (_, result), = _measure.run([case_], _measure.What(saved=False, peak=False, time=settings))
+        (_, result), = _measure.run([case_], dataclasses.replace(what, peak=False))
         row["step_s"], row["reps"] = round(result.timing.ms / 1e3, 3), result.timing.reps
         return row
     for field, part in (("step_peak_mib", "peak"), ("resident_mib", "resident"), ("weights_mib", "weights"),
@@ -231,18 +238,20 @@ def dominating(peer: dict, rows: list[dict]) -> list[dict]:
     peak, time = _num(peer, "step_peak_mib"), _num(peer, "step_s")
     if peak is None or time is None:
         return []
-    return [r for r in rows if r["case"] == peer["case"] and r["method"].startswith("slimfit")
+    return [r for r in rows if r["case"] == peer["case"] and (r.get("dtype") or "fp32") == (peer.get("dtype") or "fp32")
+            and r["method"].startswith("slimfit")
             and _num(r, "step_peak_mib") is not None and _num(r, "step_peak_mib") <= peak
             and _num(r, "step_s") <= time]
 
 
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, ""]
-    for case in dict.fromkeys(r["case"] for r in rows):
-        mine = [r for r in rows if r["case"] == case]
+    for case, dtype in dict.fromkeys((r["case"], r.get("dtype") or "fp32") for r in rows):
+        mine = [r for r in rows if r["case"] == case and (r.get("dtype") or "fp32") == dtype]
         base = next((r for r in mine if r["method"] == "sdpa" and _num(r, "step_peak_mib")), None)
         first = mine[0]
-        lines += [f"## {first['model']}, batch {first['batch']}, seq {first['seq']}", ""]
+        shown_dtype = "" if dtype == "fp32" else f", {dtype} autocast"
+        lines += [f"## {first['model']}, batch {first['batch']}, seq {first['seq']}{shown_dtype}", ""]
         body = []
         for r in sorted(mine, key=lambda r: (_num(r, "step_peak_mib") is None, _num(r, "step_peak_mib") or 0)):
             peak, time = _num(r, "step_peak_mib"), _num(r, "step_s")
@@ -270,15 +279,16 @@ def plot(rows: list[dict], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
-    for ax, case in zip(axes[0], cases):
-        for r in (r for r in rows if r["case"] == case and _num(r, "step_peak_mib")):
+    panels = list(dict.fromkeys((r["case"], r.get("dtype") or "fp32") for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (case, dtype) in zip(axes[0], panels):
+        for r in (r for r in rows if (r["case"], r.get("dtype") or "fp32") == (case, dtype)
+                  and _num(r, "step_peak_mib")):
             mine = r["method"].startswith("slimfit")
             ax.scatter(_num(r, "step_s"), _num(r, "step_peak_mib"), marker="o" if mine else "x",
                        color="tab:blue" if mine else "tab:gray")
             ax.annotate(r["method"], (_num(r, "step_s"), _num(r, "step_peak_mib")), fontsize=7)
-        ax.set_title(case)
+        ax.set_title(case if dtype == "fp32" else f"{case} {dtype}")
         ax.set_xlabel("step time (s)")
         ax.set_ylabel("total step peak (MiB)")
     fig.tight_layout()
@@ -296,12 +306,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="2-layer models, batch 2, seq 32; writes nothing")
     p.add_argument("--render-only", action="store_true", help="the Markdown and PNG again from the CSV")
     p.add_argument("--out", default=None, help="results folder (default bench/results)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (results: frontier_cpu.* or frontier_gpu.*)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="fp32, or bf16 autocast")
+    p.add_argument("--cuda-rep-ms", type=float, default=1000.0, help="GPU: milliseconds of timed steps per row")
     return p
 
 
 def _header(args) -> str:
-    return (f"# The memory/time frontier ({_results.device_name('cpu')})\n\n"
-            f"`{_results.command('frontier', ['--cases', args.cases])}`; rows from frontier_cpu.csv "
+    tag = _results.device_tag(args.device)
+    return (f"# The memory/time frontier ({_results.device_name(args.device)})\n\n"
+            f"`{_results.command('frontier', ['--device', args.device, '--cases', args.cases])}`; rows from "
+            f"frontier_{tag}.csv "
             "(each row measured in its own model; step time is the median of the timed steps of that row, so "
             "compare times within one table, measured in one run). Methods: bench/frontier.py's docstring.")
 
@@ -317,14 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.case_shapes = {c: (a, 2, 32) for c, (a, _, _) in CASES.items()}
         args.repeats = 1
-    csv_path = _results.results_path("frontier", "csv", "cpu", args.out)
+    csv_path = _results.results_path("frontier", "csv", args.device, args.out)
     done = [] if args.quick or not os.path.exists(csv_path) else _results.read_rows(csv_path)
     if not args.render_only:
         for case in cases:
             for name in methods:
                 if METHODS[name].decoder_only and not CASES[case][0].startswith("smollm"):
                     continue
-                if any(r["case"] == case and r["method"] == name for r in done):
+                if any(r["case"] == case and r["method"] == name and (r.get("dtype") or "fp32") == args.dtype
+                       for r in done):
                     continue
                 row = measure_row(case, name, args)
                 print(f"{case:14s} {name:26s} {row.get('step_peak_mib', '-')!s:>10} MiB "
@@ -335,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown([r for r in done if r["case"] in cases or args.render_only], _header(args))
     print(text)
     if not args.quick:
-        _results.write_text(_results.results_path("frontier", "md", "cpu", args.out), text)
-        plot(done, _results.results_path("frontier", "png", "cpu", args.out))
+        _results.write_text(_results.results_path("frontier", "md", args.device, args.out), text)
+        plot(done, _results.results_path("frontier", "png", args.device, args.out))
     return 0
 
 

@@ -6,6 +6,9 @@
 #   bash scripts/gpu_session.sh test      # build, then the GPU tests and every test parametrized over cuda
 #   bash scripts/gpu_session.sh kernels   # build, then python -m bench.kernels --device cuda
 #   bash scripts/gpu_session.sh e2e       # build, then python -m bench.e2e --device cuda (BERT-base, ViT-B/16, batch 128)
+#   bash scripts/gpu_session.sh all       # one lease: build, e2e, frontier (SmolLM2 seq 2048), kernels, tests, each
+#                                         # stage under its own time limit; everything also packed into
+#                                         # $RESULTS/gpu_results.tgz after every stage (a stopped run keeps it)
 #
 # Results and logs go to $RESULTS (default: $OUT when set, else bench/results). The build is in place
 # (slimfit/_C*.so, build/: both git-ignored), so a later stage on the same machine only relinks.
@@ -18,13 +21,13 @@ RESULTS="${RESULTS:-${OUT:-bench/results}}"
 mkdir -p "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 
-case "$stage" in build|test|kernels|e2e) ;; *)
-  echo "usage: bash scripts/gpu_session.sh build|test|kernels|e2e" >&2; exit 2 ;;
+case "$stage" in build|test|kernels|e2e|all) ;; *)
+  echo "usage: bash scripts/gpu_session.sh build|test|kernels|e2e|all" >&2; exit 2 ;;
 esac
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "gpu_session.sh: $PY's torch sees no CUDA device; run this on the GPU machine" >&2; exit 1; }
 
-if ! TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+if ! TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" timeout "${BUILD:-150}" \
      "$PY" setup.py build_ext --inplace >"$RESULTS/gpu_build.log" 2>&1; then
   tail -40 "$RESULTS/gpu_build.log"; echo "gpu_session.sh: the build failed (log: $RESULTS/gpu_build.log)" >&2; exit 1
 fi
@@ -40,4 +43,35 @@ case "$stage" in
     "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_kernels.log" ;;
   e2e)
     "$PY" -m bench.e2e --device cuda --repeats 5 --out-dir "$RESULTS" 2>&1 | tee "$RESULTS/gpu_e2e.log" ;;
+  all)
+    # Budgets in seconds (the lease is short: the most wanted numbers first): E2E, FRONTIER, KERNELS, TESTS.
+    # PACK_DIR: where the packed results go (the device tool brings back few files: give it $OUT, RESULTS elsewhere)
+    pack_dir="${PACK_DIR:-$RESULTS}"
+    pack() { tar czf "$pack_dir/gpu_results.tgz.part" -C "$RESULTS" --exclude='gpu_results.tgz*' . \
+               && mv "$pack_dir/gpu_results.tgz.part" "$pack_dir/gpu_results.tgz"; }
+    run_stage() {  # name budget command...: the stage's output in $RESULTS/gpu_<name>.log, its exit status noted
+      local name="$1" budget="$2"; shift 2
+      local t0; t0=$(date +%s)
+      echo "== $name (at most ${budget} s)"
+      local rc=0
+      timeout --kill-after=10 "$budget" "$@" >"$RESULTS/gpu_$name.log" 2>&1 || rc=$?
+      echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$RESULTS/gpu_stages.txt"
+      pack
+    }
+    methods=sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-aggressive,slimfit-paper+lora
+    run_stage e2e "${E2E:-140}" "$PY" -m bench.e2e --device cuda --cuda-rep-ms 300 --methods "$methods" \
+      --out-dir "$RESULTS"
+    peers=sdpa,grad-ckpt,lora-r8,lora-r8+ckpt,slimfit-exact,slimfit-paper,slimfit-aggressive
+    for dtype in bf16 fp32; do
+      run_stage "frontier_$dtype" "${FRONTIER:-45}" "$PY" -m bench.frontier --device cuda --dtype "$dtype" \
+        --cases smollm2-2048 --cuda-rep-ms 300 --out "$RESULTS" \
+        --methods "$peers,slimfit-paper+lora,slimfit-paper+lora+ckpt"
+    done
+    run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS"
+    run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
+      -m "gpu or not slow" tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py
+    set +e  # the summary: whatever exists
+    echo; tail -4 "$RESULTS/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$RESULTS/gpu_tests.log" | head -30
+    for f in "$RESULTS"/e2e_gpu.md "$RESULTS"/frontier_gpu.md; do [ -f "$f" ] && cat "$f"; done
+    tail -25 "$RESULTS/gpu_kernels.log"; cat "$RESULTS/gpu_stages.txt"; true ;;
 esac
