@@ -12,7 +12,10 @@
 #
 # Results and logs go to $RESULTS (default: $OUT when set, else bench/results). The build is in place
 # (slimfit/_C*.so, build/: both git-ignored), so a later stage on the same machine only relinks.
-# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default nproc).
+# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default nproc),
+# CC/CXX (the compilers of the build: on the lent H200 the default /opt/gcc g++ built an extension whose
+# every TORCH_CHECK error killed the process; `all` reports whether an argument error comes back as one).
+# `all` reads: TEST_PATHS, TEST_K (pytest -k), KERNEL_OPS (bench.kernels --ops), the budgets below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage="${1:-}"
@@ -61,6 +64,17 @@ case "$stage" in
       echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$RESULTS/gpu_stages.txt"
       pack
     }
+    run_stage native_errors 30 "$PY" -c "
+import subprocess, sys
+code = ('import torch, slimfit.kernels\\ntry:\\n    torch.ops.slimfit.quantize(torch.randn(64), 3, 32, False, 0)\\n'
+        'except Exception as e:\\n    print(type(e).__name__, str(e)[:120])')
+r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+print('native argument error in a child process: rc', r.returncode, r.stdout.strip(), r.stderr.strip()[-300:])
+sys.exit(r.returncode)"
+    cat "$RESULTS/gpu_native_errors.log"
+    run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
+      -m "gpu or not slow" ${TEST_K:+-k "$TEST_K"} \
+      ${TEST_PATHS:-tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py}
     methods=sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-aggressive,slimfit-paper+lora
     run_stage e2e "${E2E:-140}" "$PY" -m bench.e2e --device cuda --cuda-rep-ms 300 --methods "$methods" \
       --out-dir "$RESULTS"
@@ -70,9 +84,8 @@ case "$stage" in
         --cases smollm2-2048 --cuda-rep-ms 300 --out "$RESULTS" \
         --methods "$peers,slimfit-paper+lora,slimfit-paper+lora+ckpt"
     done
-    run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS"
-    run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
-      -m "gpu or not slow" tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py
+    run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" \
+      ${KERNEL_OPS:+--ops "$KERNEL_OPS"}
     set +e  # the summary: whatever exists
     echo; tail -4 "$RESULTS/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$RESULTS/gpu_tests.log" | head -30
     for f in "$RESULTS"/e2e_gpu.md "$RESULTS"/frontier_gpu.md; do [ -f "$f" ] && cat "$f"; done

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 
 import torch
 from torch import nn
 
 from ..autograd.linear_cross_entropy import causal_lm_loss
+from .modules import patched_class
 
 __all__ = ["patch_causal_lm", "unpatch_causal_lm", "CAUSAL_LM_OPTIONS"]
 
@@ -111,8 +111,17 @@ def _output_class(cls: type):
     return CausalLMOutputWithPast
 
 
+class ChunkedLossForward:
+    """The mixin of a patched causal LM (patched_class): its forward is `_chunked_forward`. A class swap,
+    not a bound method stored on the instance: `module.forward = MethodType(f, module)` is a reference cycle
+    that keeps the whole model (on a GPU: its memory) alive after `del model` until the cyclic GC runs."""
+
+    def forward(self, *args, **kwargs):
+        return _chunked_forward(self, *args, **kwargs)
+
+
 def _chunked_forward(self, *args, **kwargs):
-    original = type(self).forward
+    original = getattr(self, CAUSAL_LM_OPTIONS).get("class", type(self)).forward
     if not torch.is_grad_enabled():
         return original(self, *args, **kwargs)
     bound = inspect.signature(original).bind(self, *args, **kwargs)
@@ -159,8 +168,8 @@ def patch_causal_lm(model: nn.Module, chunk_rows: int, summary) -> None:
         if why is not None:
             summary.skipped.append((path, type(module).__name__, why))
             continue
-        setattr(module, CAUSAL_LM_OPTIONS, {"chunk_rows": int(chunk_rows)})
-        module.forward = types.MethodType(_chunked_forward, module)
+        setattr(module, CAUSAL_LM_OPTIONS, {"chunk_rows": int(chunk_rows), "class": type(module)})
+        module.__class__ = patched_class(type(module), ChunkedLossForward)
         summary.patched.append((path, "causal-lm loss", f"chunked linear + cross-entropy, {chunk_rows} rows per "
                                 "chunk (no logits kept; logits=None in training)"))
 
@@ -168,5 +177,5 @@ def patch_causal_lm(model: nn.Module, chunk_rows: int, summary) -> None:
 def unpatch_causal_lm(model: nn.Module) -> None:
     for module in model.modules():
         if CAUSAL_LM_OPTIONS in vars(module):
+            module.__class__ = vars(module)[CAUSAL_LM_OPTIONS].get("class", type(module))
             delattr(module, CAUSAL_LM_OPTIONS)
-            vars(module).pop("forward", None)

@@ -116,6 +116,18 @@ def _layer_bytes(cfg: SchedulerConfig, named: list, candidates: list) -> tuple[O
     return bytes_, base
 
 
+def _weak_call(method, default):
+    """`method` (a bound method) called through a weak reference to its object: `default` once it is gone.
+    The guard keeps this, not the method, so scheduler and guard are no reference cycle (see optim._WeakHook)."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        bound = ref()
+        return default if bound is None else bound()
+
+    return call
+
+
 class _ApplyOnFirstForward:
     """The model's forward pre-hook that applies a scheduler's first frozen set. It holds the
     scheduler weakly, so a scheduler dropped before training (built only to read its decision)
@@ -287,7 +299,7 @@ class ILSScheduler:
         check_optimizer_coverage(optimizer, self.names, self.params)
         if self._guard is not None:
             self._guard.remove()
-        self._guard = FrozenGradGuard(optimizer, self._frozen_params,
+        self._guard = FrozenGradGuard(optimizer, _weak_call(self._frozen_params, default=[]),
                                       frozen_update=self.config.experimental.frozen_update)
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0

@@ -30,6 +30,7 @@ hooks sit on the torch optimizer that actually updates the weights.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -78,6 +79,21 @@ def _reads_grads_only(opt: torch.optim.Optimizer) -> bool:
     return not any(g.get("fused") or g.get("differentiable") for g in opt.param_groups)
 
 
+class _WeakHook:
+    """An optimizer hook that holds its guard weakly. A bound method would make the optimizer and the guard
+    (and through it the scheduler and the model's parameters) a reference cycle, which only the cyclic GC
+    frees: on a GPU, the memory of weights and optimizer state stays taken after `del` until it runs."""
+
+    def __init__(self, guard: "FrozenGradGuard", method: str):
+        self._guard = weakref.ref(guard)
+        self._method = method
+
+    def __call__(self, optimizer, args, kwargs):
+        guard = self._guard()
+        if guard is not None:
+            getattr(guard, self._method)(optimizer, args, kwargs)
+
+
 class FrozenGradGuard:
     """Hooks on one optimizer. ``frozen_params`` returns the parameters frozen right now."""
 
@@ -95,8 +111,8 @@ class FrozenGradGuard:
         self.momentum_updates = 0  # frozen parameters moved by their moments (frozen_update="momentum")
         self._zero_filled: list = []
         self._shared_zeros: dict = {}
-        self._pre = self.optimizer.register_step_pre_hook(self._pre_hook)
-        self._post = self.optimizer.register_step_post_hook(self._post_hook)
+        self._pre = self.optimizer.register_step_pre_hook(_WeakHook(self, "_pre_hook"))
+        self._post = self.optimizer.register_step_post_hook(_WeakHook(self, "_post_hook"))
 
     def _zeros(self, p: torch.Tensor) -> torch.Tensor:
         if not _reads_grads_only(self.optimizer):

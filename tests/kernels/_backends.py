@@ -150,7 +150,7 @@ def assert_same(got, want, what: str = "", bitwise: bool = False) -> None:
         for i, (g, w) in enumerate(zip(got, want)):
             assert_same(g, w, f"{what}[{i}]", bitwise)
         return
-    got = got.cpu()
+    got, want = got.cpu(), want.cpu()
     assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
     assert got.shape == want.shape, (what, got.shape, want.shape)
     if bitwise:
