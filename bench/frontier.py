@@ -312,13 +312,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _header(args) -> str:
+def _header(args, rows: list[dict]) -> str:
     tag = _results.device_tag(args.device)
-    return (f"# The memory/time frontier ({_results.device_name(args.device)})\n\n"
+    name = rows[0]["device_name"] if rows else _results.device_name(args.device)
+    runs = sorted({r["commit"] for r in rows})
+    several = "" if len(runs) < 2 else (
+        f" Rows come from runs of {len(runs)} versions ({'; '.join(runs)}), on the same kind of machine but not "
+        "always the same one: a time ratio between rows of different runs is a lead, not a measurement.")
+    return (f"# The memory/time frontier ({name})\n\n"
             f"`{_results.command('frontier', ['--device', args.device, '--cases', args.cases])}`; rows from "
             f"frontier_{tag}.csv "
             "(each row measured in its own model; step time is the median of the timed steps of that row, so "
-            "compare times within one table, measured in one run). Methods: bench/frontier.py's docstring.")
+            "compare times within one table, measured in one run). Methods: bench/frontier.py's docstring." + several)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.append(row)
                 if not args.quick:
                     _results.append_row(csv_path, row, FIELDS)
-    text = markdown([r for r in done if r["case"] in cases or args.render_only], _header(args))
+    text = markdown([r for r in done if r["case"] in cases or args.render_only], _header(args, done))
     print(text)
     if not args.quick:
         _results.write_text(_results.results_path("frontier", "md", args.device, args.out), text)

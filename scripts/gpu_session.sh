@@ -13,8 +13,9 @@
 # Results and logs go to $RESULTS (default: $OUT when set, else bench/results). The build is in place
 # (slimfit/_C*.so, build/: both git-ignored), so a later stage on the same machine only relinks.
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default nproc),
-# CC/CXX (the compilers of the build: on the lent H200 the default /opt/gcc g++ built an extension whose
-# every TORCH_CHECK error killed the process; `all` reports whether an argument error comes back as one).
+# CC/CXX (the compilers of the build; default /usr/bin/gcc and g++ where they exist: on the lent H200 the
+# image's default c++, /opt/gcc/bin/g++, built an extension whose every TORCH_CHECK error killed the process
+# with a segmentation fault, and the system g++ one raised them as RuntimeErrors; `all` checks it first).
 # `all` reads: TEST_PATHS, TEST_K (pytest -k), KERNEL_OPS (bench.kernels --ops), the budgets below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ esac
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "gpu_session.sh: $PY's torch sees no CUDA device; run this on the GPU machine" >&2; exit 1; }
 
+if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 if ! TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" timeout "${BUILD:-150}" \
      "$PY" setup.py build_ext --inplace >"$RESULTS/gpu_build.log" 2>&1; then
   tail -40 "$RESULTS/gpu_build.log"; echo "gpu_session.sh: the build failed (log: $RESULTS/gpu_build.log)" >&2
