@@ -4,8 +4,10 @@
     python scripts/readme_results.py           # rewrite README.md's generated blocks
     python scripts/readme_results.py --check   # exit 1 when README.md differs from what the results say
 
-Blocks: between `<!-- generated:headline -->` / `<!-- generated:table -->` and `<!-- end -->`. Source:
-bench/results/frontier_cpu.csv (the total step peak of one whole training step, per model and method).
+Blocks: between `<!-- generated:headline -->` / `<!-- generated:table -->` / `<!-- generated:gpu -->` and
+`<!-- end -->`. Sources: bench/results/frontier_cpu.csv (the total step peak of one whole training step, per
+model and method, on the CPU); on a GPU bench/results/e2e_gpu.csv (BERT-base, ViT-B/16) and
+frontier_gpu.csv (SmolLM2-135M shape): step peak and step time.
 """
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 FRONTIER = os.path.join(ROOT, "bench", "results", "frontier_cpu.csv")
+E2E_GPU = os.path.join(ROOT, "bench", "results", "e2e_gpu.csv")
+FRONTIER_GPU = os.path.join(ROOT, "bench", "results", "frontier_gpu.csv")
+GPU_COLUMNS = {("BERT-base", "fp32"): "BERT-base, batch 128, seq 128, fp32",
+               ("ViT-B/16", "fp32"): "ViT-B/16, batch 128, fp32",
+               ("smollm2-2048", "bf16"): "SmolLM2-135M shape, batch 1, seq 2048, bf16"}
 CASES = {"bert-16": "BERT-base, batch 16, seq 128", "smollm2-2048": "SmolLM2-135M shape, batch 1, seq 2048"}
 METHODS = {"sdpa": "PyTorch, full fine-tuning (SDPA)", "grad-ckpt": "gradient checkpointing",
            "adamw8bit-bnb": "8-bit AdamW (bitsandbytes)", "badam": "BAdam (one block at a time)",
@@ -61,9 +68,41 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+def _gpu_rows() -> dict:
+    """{(column, method): (step peak MiB, step ms)} of the GPU results."""
+    out = {}
+    with open(E2E_GPU, newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = (row["model"].split(",")[0], row["dtype"])
+            if key in GPU_COLUMNS and row.get("peak_mib") and row.get("step_ms"):
+                out[(key, row["method"])] = (float(row["peak_mib"]), float(row["step_ms"]))
+    with open(FRONTIER_GPU, newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = (row["case"], row["dtype"])
+            if key in GPU_COLUMNS and row.get("step_peak_mib") and row.get("step_s"):
+                out[(key, row["method"])] = (float(row["step_peak_mib"]), 1e3 * float(row["step_s"]))
+    return out
+
+
+def gpu_table(rows: dict) -> str:
+    columns = [c for c in GPU_COLUMNS if (c, "sdpa") in rows]
+    lines = ["| step peak MiB, step ms (NVIDIA H200) | " + " | ".join(GPU_COLUMNS[c] for c in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for method, label in METHODS.items():
+        cells = []
+        for column in columns:
+            got, plain = rows.get((column, method)), rows[(column, "sdpa")]
+            cells.append("-" if got is None else
+                         f"{got[0]:,.0f} ({plain[0] / got[0]:.2f}x), {got[1]:,.0f} ms ({got[1] / plain[1]:.2f}x)")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render(text: str) -> str:
     rows = _rows()
-    for name, body in (("headline", headline(rows)), ("table", table(rows))):
+    blocks = (("headline", headline(rows)), ("table", table(rows)), ("gpu", gpu_table(_gpu_rows())))
+    for name, body in blocks:
         # the block's text up to its own end marker (lazy: never past it into the next block)
         pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- end -->)", re.S)
         if not pattern.search(text):
