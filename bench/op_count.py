@@ -39,7 +39,9 @@ The embeddings stay trainable, so the layer's input requires grad in both.
 Columns: fwd / bwd / total ops; "ratio" = total / eager's total (the issue's target: at most 1.2x per patched
 layer); allocated MiB = bytes of the fresh (non-view) outputs of every op, forward + backward (what the ops write,
 a proxy for memory traffic and temporaries); saved MiB = bytes saved for backward (saved-tensor hooks, storages
-counted once, parameters not counted).
+counted once, parameter objects not counted: a view of one, as an eager linear saves its weight transposed,
+counts with its storage; see saved_bytes_hooks).
+Models and token ids: bench/_measure.py's build and inputs (the bare BertModel / LlamaModel of MODELS).
 """
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import slimfit
-from bench import _results
+from bench import _measure, _results
+from slimfit import architectures as archs
 from slimfit.config import SlimFitConfig
 
 MiB = 2 ** 20
@@ -113,7 +116,9 @@ def _op_name(func) -> str:
 
 @contextlib.contextmanager
 def saved_bytes_hooks(params: set):
-    """Bytes autograd saves under it (storages once, parameters not counted): yields a one-item list."""
+    """Bytes autograd saves under it (storages once, parameter objects not counted): yields a one-item list.
+    Not slimfit.memory's count (bench/_measure.saved_of): a view of a parameter (the transposed weight
+    an eager linear saves) counts here with its whole storage, and the committed table holds this count."""
     seen: set = set()
     total = [0]
 
@@ -204,20 +209,26 @@ def count_call(fn, args, kwargs, cell: Cell, model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------ models
-def build(model_name: str, config: str, models: dict):
-    import transformers
+BASE_MODELS = {"BertConfig": (archs.TEXT_CLS, "BertModel"), "LlamaConfig": (archs.CAUSAL_LM, "LlamaModel")}
 
-    cls_name, kwargs, batch, seq = models[model_name]
-    attn = "eager" if config == "eager" else "sdpa"
-    cfg = getattr(transformers, cls_name)(**kwargs, attn_implementation=attn)
-    torch.manual_seed(0)
-    model = (transformers.BertModel if model_name == "bert" else transformers.LlamaModel)(cfg).train()
+
+def architecture(model_name: str, models: dict) -> archs.Architecture:
+    """The bare model (no task head) of a MODELS entry, for bench/_measure.py's build."""
+    cls_name, kwargs, _, _ = models[model_name]
+    task, model_class = BASE_MODELS[cls_name]
+    return archs.Architecture(model_name, task, cls_name, model_class, dict(kwargs))
+
+
+def build(model_name: str, config: str, models: dict):
+    """(model, token ids): the one-layer model (seed 0, train mode), patched for `config`."""
+    _, _, batch, seq = models[model_name]
+    arch, model = _measure.build(architecture(model_name, models), attn="eager" if config == "eager" else "sdpa")
     if config in PATCHED:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             slimfit.patch(model, SlimFitConfig.preset(config))
-    ids = torch.randint(0, kwargs["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(0))
-    return model, ids
+    # the ids alone: the layer's inputs as a bare forward makes them (no attention mask)
+    return model, _measure.inputs(model, arch, batch, seq)["input_ids"]
 
 
 def _kind(module: nn.Module) -> str | None:

@@ -6,8 +6,9 @@ The measurement behind docs/optim.md's table, small enough for
 a 2-core CPU (about a minute per row). Each row builds the model afresh (seed 0), trains one step with every
 layer trainable so that every layer has real AdamW state (as after the scheduler's first round robin), then
 builds ILSScheduler(freeze_rate=rate) with the optimizer attached, trains one more step, and measures the
-third with slimfit.step_memory.measure_step (forward, backward, optimizer step, zero_grad, then the
-scheduler's step, which compresses and restores the layers whose state changes).
+third's total peak through bench/_measure.py (slimfit.step_memory: forward, backward, optimizer step,
+zero_grad, then the scheduler's step, which compresses and restores the layers whose state changes), with
+the optimizer's state as those steps left it.
 """
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ import argparse
 
 import torch
 
-from slimfit import architectures as A
+from bench import _measure
 from slimfit.optim import attach_frozen_state, step_in_backward
 from slimfit.scheduler import ILSScheduler
-from slimfit.step_memory import measure_step
 
 ROWS = {  # name: (optimizer keywords, frozen state mode or None, step in backward)
     "AdamW (CPU default: for-loop)": ({}, None, False),
@@ -38,28 +38,21 @@ ROWS = {  # name: (optimizer keywords, frozen state mode or None, step in backwa
 MIB = 2**20
 
 
-def train_step(model, batch, opt, sched=None) -> None:
-    model(**batch).loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if sched is not None:
-        sched.step()
-
-
 def measure_row(arch: str, batch: int, seq: int, rate: float, kwargs: dict, mode, in_backward: bool):
     """One row: (StepMemory, frozen layers, scheduled layers)."""
-    model = A.build(arch, seed=0)
-    inputs = A.make_inputs(model, A.resolve(arch).task, batch=batch, seq_len=seq)
+    arch, model = _measure.build(arch, seed=0)
     kwargs = {"lr": 1e-5, **kwargs}
     opt = (step_in_backward(model, torch.optim.AdamW, **kwargs) if in_backward
            else torch.optim.AdamW(model.parameters(), **kwargs))
-    train_step(model, inputs, opt)                  # every layer trains once: real state everywhere
+    # prime=False: the state measured is what the two trained steps left (some of it compressed), not made up
+    setup = _measure.Setup(model, _measure.inputs(model, arch, batch, seq), optimizer=opt, prime=False)
+    setup.step()                                    # every layer trains once: real state everywhere
     sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt)
     if mode is not None:
         attach_frozen_state(sched, opt, mode=mode)
-    train_step(model, inputs, opt, sched)
-    torch.manual_seed(0)
-    run = measure_step(model, inputs, opt, after_step=sched.step)
+    setup.after_step = sched.step
+    setup.step()
+    run = _measure.measure(setup, _measure.What(saved=False)).peak
     return run, sched.num_frozen, sched.num_layers
 
 

@@ -4,10 +4,12 @@
     python -m bench.scheduler_overhead --batch 8 --steps 5
 
 Model: BertModel built from BertConfig() (12 layers, hidden 768, 12 heads, FFN 3072; random
-weights, no download), sequence 128, AdamW(weight_decay=0.01), fp32. One iteration =
-forward + backward + optimizer.step() + zero_grad(); then scheduler.step() is timed on its
-own. Both medians are taken over the same interleaved iterations (the scheduler's frozen
-set also makes the training step cheaper, so the ratio is taken per configuration).
+weights, no download; bench/_measure.py's build and random batch), sequence 128,
+AdamW(weight_decay=0.01), fp32, loss = mean square of the last hidden states and the pooler
+output. One iteration = forward + backward + optimizer.step() + zero_grad(); then
+scheduler.step() is timed on its own. Both medians are taken over the same interleaved
+iterations (bench/_measure.time_interleaved: the scheduler's frozen set also makes the training
+step cheaper, so the ratio is taken per configuration).
 ``sched_isolated_ms`` is the median of many back-to-back scheduler.step() calls without
 training in between (weights do not change, scores tie at 0 and ties go to the first layers,
 the 23M-entry word embedding among them: a pessimistic figure).
@@ -22,67 +24,48 @@ if __name__ == "__main__" and not __package__:  # file form: python bench/schedu
     _shim.run_as_module(__file__)
 
 import argparse
-import statistics
-import time
+import dataclasses
 
 import torch
 
+from bench import _measure
 from bench._results import device_name, now, results_path, versions, write_rows
 from bench._timing import Settings, bench
+from slimfit import architectures as archs
 from slimfit.scheduler import ILSScheduler
 
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+# BERT-base's encoder without a task head: the model whose training step the scheduler's step is set against
+BERT_ENCODER = dataclasses.replace(archs.ARCHITECTURES["bert-base"], name="bert-encoder", model_class="BertModel")
 
 
-def build(device, layers, hidden):
-    from transformers import BertConfig, BertModel
+def build(device, args):
+    """(model, batch): the encoder at args.layers / args.hidden (heads of 64, FFN 4x), train mode, and a
+    random batch of token ids (BertModel takes no labels)."""
+    arch, model = _measure.build(BERT_ENCODER, layers=args.layers, device=device, hidden_size=args.hidden,
+                                 num_attention_heads=max(1, args.hidden // 64), intermediate_size=4 * args.hidden)
+    batch = _measure.inputs(model, arch, args.batch, args.seq, device=device)
+    del batch["labels"]
+    return model, batch
 
-    cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=max(1, hidden // 64),
-                     intermediate_size=4 * hidden, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    torch.manual_seed(0)
-    model = BertModel(cfg).to(device).train()
-    return model, cfg
+
+def hidden_states_loss(out):
+    """A loss over everything the encoder outputs, so that every layer gets a gradient."""
+    return out.last_hidden_state.float().pow(2).mean() + out.pooler_output.float().pow(2).mean()
 
 
 def run_config(device, rate, score, args):
-    model, cfg = build(device, args.layers, args.hidden)
+    model, batch = build(device, args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g).to(device)
-    mask = torch.ones_like(ids)
     sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt)
-
-    def train_step():
-        out = model(input_ids=ids, attention_mask=mask)
-        loss = out.last_hidden_state.float().pow(2).mean() + out.pooler_output.float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    train_ms, sched_ms = [], []
-    for it in range(args.warmup + args.steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        train_step()
-        _sync(device)
-        t1 = time.perf_counter()
-        sched.step()
-        _sync(device)
-        t2 = time.perf_counter()
-        if it >= args.warmup:
-            train_ms.append((t1 - t0) * 1e3)
-            sched_ms.append((t2 - t1) * 1e3)
+    setup = _measure.Setup(model, batch, optimizer=opt, loss_fn=hidden_states_loss)
+    train, step = _measure.time_interleaved(setup, [sched.step], warmup=args.warmup, reps=args.steps)
     n_trained = sched.num_layers - sched.num_frozen
     # back-to-back scheduler steps (no optimizer in between: detach the hook's skip logic)
     sched._guard.remove()
     sched._guard = None
     settings = Settings(cpu_warmup=1, cpu_min_reps=5, cpu_min_time_s=0.5, cpu_max_reps=50)
     iso = bench(sched.step, device, settings, use_triton=False)
-    t_train = statistics.median(train_ms)
-    t_sched = statistics.median(sched_ms)
+    t_train, t_sched = train.ms, step.ms
     return {
         "layers": sched.num_layers, "n_trained": n_trained, "train_step_ms": t_train,
         "sched_step_ms": t_sched, "sched_isolated_ms": iso.ms, "ratio_pct": 100.0 * t_sched / t_train,

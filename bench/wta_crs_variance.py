@@ -6,8 +6,9 @@ and the activation bytes it saves.
 
 Data: the pretrained all-MiniLM-L6-v2 (a 6-layer BERT, hidden 384, FFN 1536) with a fresh
 2-class head on Rotten Tomatoes snippets, the offline assets of `slimfit demo` (see
-slimfit/demo/assets.py). Without them a randomly initialised model of the same shape on random
-token ids is used, and the header says so (its gradients are not realistic).
+slimfit/demo/assets.py), built by bench/_measure.py. Without them a randomly initialised model of the
+same shape (bench/_measure.build) on random token ids padded to random lengths is used, and the header
+says so (its gradients are not realistic).
 
 Protocol (the paper's setting, arXiv 2305.15265):
 1. visit 1: forward/backward of batch A; the output-gradient row norms ‖gᵢ‖ of every target
@@ -28,8 +29,8 @@ it prints the relative variance E‖dŴ − dW‖²/‖dW‖² of CRS and WTA-CR
 (exact formula, `wta_crs.expected_sq_error`; exact dW has 0), the measured value over `--seeds`
 draws for the stale row (the sampler and estimator `sampled_linear`'s backward uses; the tests
 check the Function itself against the same formula), |C| and the WTA/CRS ratio.
-Bytes: what one target linear saves for backward (slimfit.memory: full input vs kept rows +
-indices + scales, fp32 and 8-bit kept rows), and the whole model's saved bytes with the three
+Bytes: what one target linear saves for backward (slimfit.memory through bench/_measure.py: full input
+vs kept rows + indices + scales, fp32 and 8-bit kept rows), and the whole model's saved bytes with the three
 target linears of every layer sampled (forward swapped in this script only; the library's
 patch does not do it yet).
 """
@@ -45,10 +46,9 @@ import time
 
 import torch
 
-from bench import _results
+from bench import _measure, _results
 from slimfit.autograd import wta_crs as W
 from slimfit.autograd.sampled_linear import sampled_linear
-from slimfit.memory import measure
 
 TARGETS = {  # BERT module suffix -> label
     "attention.output.dense": "attn-out",
@@ -60,8 +60,6 @@ SAMPLED = ("attention.output.dense", "intermediate.dense", "output.dense")
 
 
 def _load(batch: int, max_length: int, seed: int):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
-
     torch.manual_seed(seed)
     try:
         from slimfit.demo.assets import MissingAsset, minilm_dir, rotten_tomatoes
@@ -71,32 +69,30 @@ def _load(batch: int, max_length: int, seed: int):
     try:
         if minilm_dir is None:
             raise MissingAsset("slimfit.demo.assets is not importable")
-        path = minilm_dir()
+        minilm_dir()  # MissingAsset now, before any data is read, when the offline copy is absent
         train, _ = rotten_tomatoes(seed=seed, n_train=batch * 40, n_test=10)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
-
-        def encode(examples):
-            enc = tok([t for t, _ in examples], padding=True, truncation=True, max_length=max_length,
-                      return_tensors="pt")
-            enc["labels"] = torch.tensor([y for _, y in examples])
-            return dict(enc)
-
-        batches = [encode(train[i:i + batch]) for i in range(0, len(train), batch)]
+        tok = _measure.minilm_tokenizer()
+        model = _measure.minilm(num_labels=2)
+        batches = [_measure.text_batch(tok, train[i:i + batch], max_length) for i in range(0, len(train), batch)]
         return model, batches, "all-MiniLM-L6-v2 (pretrained) on Rotten Tomatoes snippets"
     except (MissingAsset, OSError, ValueError) as exc:  # offline assets missing
-        cfg = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-                         num_labels=2)
-        model = AutoModelForSequenceClassification.from_config(cfg)
-        gen = torch.Generator().manual_seed(seed)
-        batches = []
-        for _ in range(40):
-            ids = torch.randint(1000, 30000, (batch, max_length), generator=gen)
-            lens = torch.randint(max_length // 4, max_length + 1, (batch,), generator=gen)
-            mask = (torch.arange(max_length)[None] < lens[:, None]).long()
-            batches.append({"input_ids": ids * mask, "attention_mask": mask,
-                            "labels": torch.randint(0, 2, (batch,), generator=gen)})
+        model, batches = _random_minilm(batch, max_length, seed)
         return model, batches, f"RANDOM BERT (offline assets missing: {exc}); gradients not realistic"
+
+
+def _random_minilm(batch: int, max_length: int, seed: int):
+    """A random BERT of MiniLM-L6's shape and 40 random batches, each row padded to a random length (the
+    padding rows are what the x-only-nopad row leaves out)."""
+    arch, model = _measure.build("bert-base", layers=6, seed=seed, hidden_size=384, num_attention_heads=12,
+                                 intermediate_size=1536)
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for i in range(40):
+        inputs = _measure.inputs(model, arch, batch, max_length, seed=seed + i)
+        lens = torch.randint(max_length // 4, max_length + 1, (batch,), generator=gen)
+        mask = (torch.arange(max_length)[None] < lens[:, None]).long()
+        batches.append({**inputs, "input_ids": inputs["input_ids"] * mask, "attention_mask": mask})
+    return model, batches
 
 
 def _targets(model, layers):
@@ -142,6 +138,11 @@ def _measured(x, g, p, k, seeds):
 
 def _fmt_bytes(n):
     return f"{n / 2**20:.2f} MiB"
+
+
+def _step_saved(model, batch) -> int:
+    """Saved bytes of the model's forward + backward on `batch` (bench/_measure.py's count for a row)."""
+    return _measure.measure(_measure.Setup(model, batch), _measure.What(saved=True, peak=False)).saved.total
 
 
 def main(argv=None):
@@ -220,10 +221,12 @@ def main(argv=None):
     xin = second[(li, label)]["x"].reshape(batch_a["input_ids"].shape[0], -1, mod.in_features).clone()
     n = xin.shape[0] * xin.shape[1]
     k = W.num_kept_rows(n, args.ratio, 10)
-    full = measure(lambda x: torch.nn.functional.linear(x, mod.weight, mod.bias), xin, backward=False).total
-    samp = measure(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio), xin, backward=False).total
-    samp8 = measure(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio, input_bits=8), xin,
-                    backward=False).total
+    full = _measure.saved_of(lambda x: torch.nn.functional.linear(x, mod.weight, mod.bias), xin,
+                             backward=False).total
+    samp = _measure.saved_of(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio), xin,
+                             backward=False).total
+    samp8 = _measure.saved_of(lambda x: sampled_linear(x, mod.weight, mod.bias, ratio=args.ratio, input_bits=8),
+                              xin, backward=False).total
     print(f"layer {li} {label} ({mod.in_features} -> {mod.out_features}), N {n}, k {k}:")
     print(f"  full linear          {full:>10d} B  (N*in*4)")
     print(f"  sampled fp32 rows    {samp:>10d} B  (k*in*4 + 4k idx + 4k scales = {k * mod.in_features * 4 + 8 * k})"
@@ -231,7 +234,7 @@ def main(argv=None):
     print(f"  sampled 8-bit rows   {samp8:>10d} B  {full / samp8:.2f}x less")
 
     saved_forwards = {}
-    baseline = measure(model, **batch_a).total
+    baseline = _step_saved(model, batch_a)
     for name, m in model.named_modules():
         hit = re.search(r"\.layer\.\d+\.(.+)$", name)
         if isinstance(m, torch.nn.Linear) and hit and hit.group(1) in SAMPLED:
@@ -239,7 +242,7 @@ def main(argv=None):
                 return sampled_linear(x, m.weight, m.bias, ratio=args.ratio)
             saved_forwards[name] = m
             m.forward = fwd
-    patched = measure(model, **batch_a).total
+    patched = _step_saved(model, batch_a)
     for m in saved_forwards.values():
         del m.forward
     print(f"whole model, every weight trainable: plain {_fmt_bytes(baseline)}, with attn-out/ffn-up/ffn-down sampled "

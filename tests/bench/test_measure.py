@@ -63,3 +63,57 @@ def test_a_setup_with_its_own_optimizer_scheduler_and_extra_arguments():
     result = _measure.measure(setup, _measure.What(saved=False, time=None))
     assert result.saved is None and result.timing is None and result.peak.optimizer_state == 0  # SGD: no state
     assert calls == ["extra", "after"]
+
+
+def test_a_primed_step_finds_the_optimizer_state_resident_and_an_unprimed_one_does_not():
+    arch, model = _measure.build("bert-tiny")
+    inputs = _measure.inputs(model, arch, batch=2, seq_len=8)
+    what = _measure.What(saved=False)
+    unprimed = _measure.measure(_measure.Setup(model, inputs, prime=False), what).peak
+    primed = _measure.measure(_measure.Setup(model, inputs), what).peak
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert primed.resident - unprimed.resident >= 2 * weights  # AdamW's two moments
+
+
+def test_frozen_set_of_other_scheduled_kinds():
+    from slimfit.scheduler import ILSScheduler
+
+    arch, model = _measure.build("bert-tiny")
+    frozen, candidates = _measure.frozen_set(model, 0.5, seed=1, scheduled_kinds="all")
+    _, default_candidates = _measure.frozen_set(model, 0.5, seed=1)
+    assert set(default_candidates) < set(candidates) and any("LayerNorm" in n for n in candidates)
+    assert all(p.requires_grad for p in model.parameters())
+    ILSScheduler(model, freeze_rate=0.5, seed=1, scheduled_kinds="all").apply()
+    assert sorted(frozen) == sorted(n for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_saved_of_a_call_and_its_bytes_per_group():
+    import torch
+
+    arch, model = _measure.build("bert-tiny")
+    inputs = _measure.inputs(model, arch, batch=2, seq_len=8)
+    row = _measure.measure(_measure.Setup(model, inputs), _measure.What(peak=False)).saved
+    call = _measure.saved_of(model, **inputs)
+    assert call.total == row.total > 0
+    groups = _measure.saved_by_group(call, [("attention", lambda path: ".attention." in path),
+                                            ("layers", lambda path: ".layer." in path)])
+    assert list(groups) == ["attention", "layers", "other"] and sum(groups.values()) == call.total
+    assert groups["attention"] > 0 and groups["layers"] > 0
+    assert _measure.saved_of(lambda x: x.exp(), torch.ones(4, requires_grad=True), backward=False).total == 16
+
+
+def test_time_interleaved_times_a_step_with_its_own_loss_and_what_follows_it():
+    arch, model = _measure.build("bert-tiny")
+    inputs = _measure.inputs(model, arch, batch=2, seq_len=8)
+    calls = []
+    setup = _measure.Setup(model, inputs, loss_fn=lambda out: calls.append("loss") or out.logits.pow(2).mean())
+    train, after = _measure.time_interleaved(setup, [lambda: calls.append("after")], warmup=1, reps=2)
+    assert calls == ["loss", "after"] * 3 and train.reps == after.reps == 2 and train.ms > 0
+    with pytest.raises(ValueError, match="timed only"):
+        _measure.measure(setup)
+
+
+def test_fixed_settings_time_exactly_that_many_runs():
+    calls = []
+    timing = _timing.bench(lambda: calls.append(1), "cpu", _timing.Settings.fixed(4, warmup=1))
+    assert timing.reps == 4 and len(calls) == 5
