@@ -114,19 +114,9 @@ def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], d
     """'cpu_flash', 'cuda_flash' or 'cuda_efficient' when a fused PyTorch kernel takes these
     inputs (PyTorch's own checks, so `torch.nn.attention.sdpa_kernel` contexts are honoured),
     else None (the caller uses the materializing path)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in FLOAT_DTYPES:
+    if not fusable(q, k, v, attn_mask, is_causal):
         return None
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        return None
-    hq, hk = q.shape[1], k.shape[1]
-    if hk == 0 or hq % hk or v.shape[1] != hk or q.shape[0] != k.shape[0]:
-        return None
-    if attn_mask is not None:
-        if is_causal or attn_mask.requires_grad:  # the fused ops give no mask gradient
-            return None
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            return None
-    gqa = hq != hk
+    gqa = q.shape[1] != k.shape[1]
     if q.device.type == "cpu":
         if dropout_p > 0.0:  # "scaled_dot_product_attention_flash_attention: Currently do not support dropout > 0"
             return None
@@ -143,12 +133,31 @@ def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], d
             if params is not None and cuda.can_use_flash_attention(params, False):
                 return "cuda_flash"
         # The efficient kernel has no grouped-query support: it gets K/V expanded transiently.
+        hq = q.shape[1]
         k_expanded, v_expanded = (_expand_kv(k, hq), _expand_kv(v, hq)) if gqa else (k, v)
         mask = _additive_mask(attn_mask, q.dtype)
         params = _cuda_params(q, k_expanded, v_expanded, mask, dropout_p, is_causal, False)
         if params is not None and cuda.can_use_efficient_attention(params, False):
             return "cuda_efficient"
     return None
+
+
+def fusable(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> bool:
+    """Whether the inputs have a form the fused kernels take at all (4-D, one float dtype and device, whole
+    groups of query heads per kv head, a bool or float mask that needs no gradient), on any device."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in FLOAT_DTYPES:
+        return False
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return False
+    hq, hk = q.shape[1], k.shape[1]
+    if hk == 0 or hq % hk or v.shape[1] != hk or q.shape[0] != k.shape[0]:
+        return False
+    if attn_mask is not None:
+        if is_causal or attn_mask.requires_grad:  # the fused ops give no mask gradient
+            return False
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            return False
+    return True
 
 
 # ------------------------------------------------------------------ helpers

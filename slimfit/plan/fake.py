@@ -20,6 +20,8 @@ between the tracker and the fake mode) keeps it on the real path:
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -68,6 +70,103 @@ def _sdp_choice(args, kwargs) -> int:
     kwargs = {k: _stand_in(v) for k, v in kwargs.items()}
     with unset_fake_temporarily():
         return torch.ops.aten._fused_sdp_choice.default(*args, **kwargs)
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def _autocast_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's (it casts below F.scaled_dot_product_attention), else t's."""
+    for device in ("cpu", "cuda"):
+        if t.is_floating_point() and torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+    return t.dtype
+
+
+def cuda_sdp_choice(args, kwargs) -> int:
+    """The backend PyTorch's CUDA scaled_dot_product_attention picks on a Hopper/Ampere GPU, decided from
+    shapes and arguments alone (a CPU machine cannot ask it): flash attention for fp16/bf16 without an
+    additive mask, else the memory-efficient kernel (any float dtype, masks and dropout, but one key/value
+    head per query head), else the math path, which keeps the S x S probabilities. Measured on an H200: a
+    fp32 GQA model (SmolLM2) takes the math path, fp32 BERT with dropout the memory-efficient one."""
+    from torch.nn.attention import SDPBackend
+
+    given = dict(zip(_SDPA_ARGS, args), **kwargs)
+    q, k, v, mask = given["query"], given["key"], given["value"], given.get("attn_mask")
+    head_dim, dtype = q.shape[-1], _autocast_dtype(q)
+    same_heads = q.dim() < 3 or k.shape[-3] == q.shape[-3]
+    if q.dim() != 4 or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return int(SDPBackend.MATH)
+    if dtype in (torch.float16, torch.bfloat16) and mask is None and head_dim <= 256:
+        return int(SDPBackend.FLASH_ATTENTION)
+    if dtype in (torch.float32, torch.float16, torch.bfloat16) and same_heads and head_dim % 8 == 0:
+        return int(SDPBackend.EFFICIENT_ATTENTION)
+    return int(SDPBackend.MATH)
+
+
+@contextlib.contextmanager
+def cuda_attention_backends():
+    """F.scaled_dot_product_attention runs the backend CUDA would pick (cuda_sdp_choice) instead of the CPU's:
+    the CPU takes its math path with dropout (BERT keeps S x S probabilities and a mask that CUDA's
+    memory-efficient kernel never stores) and a fused path for fp32 GQA (CUDA's math path keeps them). Flash
+    attention stays the CPU's own fused kernel, which saves what CUDA's flash saves (the output and the
+    log-sum-exp). Inside a fake run only: nothing here computes real attention."""
+    from torch.nn import functional as F
+    from torch.nn.attention import SDPBackend
+
+    original = F.scaled_dot_product_attention
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        choice = cuda_sdp_choice((query, key, value, attn_mask, dropout_p, is_causal), {"enable_gqa": enable_gqa})
+        if choice != int(SDPBackend.MATH):  # the fused kernels take the autocast dtype, as autocast would give
+            dtype = _autocast_dtype(query)
+            query, key, value = (t.to(dtype) for t in (query, key, value))
+        if choice == int(SDPBackend.EFFICIENT_ATTENTION):
+            if attn_mask is not None and attn_mask.dtype == torch.bool:  # as CUDA's path converts it
+                attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
+            grad = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+        if choice == int(SDPBackend.FLASH_ATTENTION) and dropout_p > 0 and key.shape[-3] == query.shape[-3]:
+            # the CPU's fused kernel with dropout (fake tensors only: its shapes, what CUDA's flash keeps)
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, dropout_p, is_causal, attn_mask=None, scale=scale)[0]
+        if choice == int(SDPBackend.MATH):
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+
+    patched = [(F, "scaled_dot_product_attention", attention)] + [
+        (module, "fused_kernel", cuda_fused_kernel) for module in _fused_kernel_users()]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+    for owner, name, value in patched:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def _fused_kernel_users() -> list:
+    """The modules that call autograd.fused_attention.fused_kernel by its name."""
+    import importlib
+
+    return [importlib.import_module(name) for name in ("slimfit.autograd.fused_attention",
+                                                       "slimfit.patching.hf_attention")]
+
+
+def cuda_fused_kernel(q, k, v, attn_mask, dropout_p, is_causal):
+    """slimfit's fused attention kernel choice (autograd.fused_attention.fused_kernel) as on a Hopper/Ampere
+    GPU: flash attention for fp16/bf16 without a mask, else the memory-efficient kernel (K/V expanded for
+    grouped queries, as slimfit's CUDA path does); head dims the kernels take unpadded only."""
+    from ..autograd.fused_attention import fusable
+
+    if not fusable(q, k, v, attn_mask, is_causal) or q.shape[-1] % 8 or v.shape[-1] % 8:
+        return None
+    half = _autocast_dtype(q) in (torch.float16, torch.bfloat16)
+    return "cuda_flash" if half and attn_mask is None and q.shape[-1] <= 256 else "cuda_efficient"
 
 
 def _all_selected(func, args, kwargs):

@@ -18,12 +18,13 @@ gradients and AdamW temporaries of the optimizer step before it, so it cannot ho
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
 from .. import step_memory
 from .cost import CostCounter
-from .fake import PlanMode, new_fake_mode
+from .fake import PlanMode, cuda_attention_backends, new_fake_mode
 from .models import ModelRef, resolve_model
 from .spec import StepSpec
 from .step import Step, open_step
@@ -110,7 +111,8 @@ def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = Fals
     # the caller's random state is left as it was (the build and the step are seeded)
     with torch.random.fork_rng(devices=[]), open_step(spec, fake=fake, ref=ref, freeze_all=freeze_all) as step:
         torch.manual_seed(spec.seed)
-        with fake, PlanMode(numbers=False, on_op=cost.add) as mode:
+        backends = cuda_attention_backends() if spec.device == "cuda" else contextlib.nullcontext()
+        with fake, backends, PlanMode(numbers=False, on_op=cost.add) as mode:
             after = _after_step(step, mode)
             cost.active = True
             memory = step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=after,
