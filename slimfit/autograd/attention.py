@@ -179,7 +179,9 @@ def _output(p32: Tensor, v: Tensor, dropout_p: float, dropout_mode: str, seed) -
         out = _bmm(apply_seeded_dropout(p, dropout_p, seed), v_math)
     else:  # on_v
         out = _bmm(p, apply_seeded_dropout(v_math, dropout_p, seed))
-    return out.to(v.dtype)
+    # No no-op .to: torch 2.11's dynamo would return the GEMM's tensor twice from _AttentionFn's traced
+    # forward and route its gradient to the wrong output (zeros; pytorch/pytorch#180642).
+    return out if out.dtype == v.dtype else out.to(v.dtype)
 
 
 # ------------------------------------------------------------------ autograd function

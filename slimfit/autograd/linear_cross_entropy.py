@@ -29,7 +29,10 @@ NaN/Inf as PyTorch: a row of logits holding NaN or +Inf (or only -Inf) has a NaN
 its loss and its gradients are NaN, also for a row whose label is ignored (its zero gradient is
 multiplied by NaN probabilities). torch.logsumexp gives ±Inf for such rows, which would leave finite
 gradient entries, so the row's logsumexp is made NaN; and an ignored row is dropped on the CPU only
-when it is finite (its gradients are then exactly zero, as PyTorch's).
+when it is finite (its gradients are then exactly zero, as PyTorch's). A NaN/Inf incoming gradient
+makes every gradient entry NaN/Inf, the input rows whose label is ignored included (0 · grad, dropped
+rows too): PyTorch's own GEMMs may spread it there (oneDNN's AMX bf16 matmul can leak NaN into other
+rows when K is not a multiple of 32: uxlfoundation/oneDNN#5717), and a finite value must never hide it.
 
 Options: `LinearCrossEntropyOptions` (ignore_index, chunk_rows), checked once when built.
 """
@@ -75,10 +78,25 @@ class LinearCrossEntropyOptions:
 def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
                        row_scale: torch.Tensor) -> torch.Tensor:
     """d loss / d logits of one chunk (fp32, in place on `logits`): (softmax - onehot) * row_scale,
-    zero on ignored rows (row_scale is 0 there, never NaN)."""
+    zero on ignored rows of finite logits (row_scale is 0 · grad there: 0, or NaN for a NaN/Inf grad)."""
     probs = logits.sub_(lse.unsqueeze(1)).exp_()
     probs.scatter_add_(1, labels.unsqueeze(1), -valid.to(probs.dtype).unsqueeze(1))
     return probs.mul_(row_scale.unsqueeze(1))
+
+
+def _zero_times(grad_loss: torch.Tensor) -> torch.Tensor:
+    """0 · grad_loss without a -0: +0 for a finite gradient, NaN for NaN/±Inf (a tensor op: no host sync)."""
+    return grad_loss - grad_loss
+
+
+def _all_rows(grad: torch.Tensor, keep, rows: int, fill: torch.Tensor) -> torch.Tensor:
+    """The gradient of every input row from that of the computed rows `keep` (None: all were computed);
+    the dropped rows get `fill` (0 · grad_loss). Filled, then index_add_, as index_select's backward
+    (zeros, then index_add_): the same bits for a finite gradient."""
+    if keep is None:
+        return grad
+    out = grad.new_empty((rows,) + tuple(grad.shape[1:])).copy_(fill)
+    return out.index_add_(0, keep, grad)
 
 
 def _nan_if_inf(lse: torch.Tensor) -> torch.Tensor:
@@ -101,7 +119,11 @@ def _ignored_rows_finite(x2: torch.Tensor, valid: torch.Tensor, weight: torch.Te
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, labels, denominator, options, compute_dtype):
+    def forward(ctx, x, weight, bias, labels, denominator, options, compute_dtype, keep):
+        # keep: None, or the index of the rows computed (labels are theirs); x holds every row
+        ctx.rows = x.shape[0]
+        if keep is not None:
+            x = x.index_select(0, keep)
         ignore_index, chunk_rows = options.ignore_index, options.chunk_rows
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         eager = need_x and not (need_w or need_b)
@@ -138,27 +160,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
         ctx.b_dtype = None if bias is None else bias.dtype
         if eager:
-            ctx.save_for_backward(grad_x)
+            ctx.save_for_backward(grad_x, keep)
         else:
             # The weight and bias are parameters (no activation memory); x in the compute dtype, as
             # F.linear under autocast would keep it.
             ctx.ignore_index = ignore_index
-            ctx.save_for_backward(x.to(compute_dtype), weight, bias, lse_all, labels, denominator)
+            ctx.save_for_backward(x.to(compute_dtype), weight, bias, lse_all, labels, denominator, keep)
         return total / denominator
 
     @staticmethod
     @backward_once("linear_cross_entropy")
     def backward(ctx, grad_loss):
+        fill = _zero_times(grad_loss)  # the gradient of an ignored input row
         if ctx.eager:
-            (grad_x,) = ctx.saved_tensors
-            return (grad_x * grad_loss).to(ctx.x_dtype), None, None, None, None, None, None
-        x, weight, bias, lse_all, labels, denominator = ctx.saved_tensors
+            grad_x, keep = ctx.saved_tensors
+            grad_x = _all_rows((grad_x * grad_loss).to(ctx.x_dtype), keep, ctx.rows, fill)
+            return grad_x, None, None, None, None, None, None, None
+        x, weight, bias, lse_all, labels, denominator, keep = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         cd, rows, n = ctx.compute_dtype, ctx.chunk_rows, x.shape[0]
         valid_all = labels != ctx.ignore_index
         safe_all = torch.where(valid_all, labels, torch.zeros_like(labels))
-        zero = torch.zeros((), device=x.device)
-        row_scale_all = torch.where(valid_all, grad_loss.float() / denominator, zero)
+        row_scale_all = torch.where(valid_all, grad_loss.float() / denominator, fill.float())
         grad_x = torch.empty(x.shape, dtype=ctx.x_dtype, device=x.device) if need_x else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=x.device) if need_b else None
@@ -177,9 +200,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_w += g.t().mm(xc)
                 if need_b:
                     grad_b += g.sum(0)
+        grad_x = None if grad_x is None else _all_rows(grad_x, keep, ctx.rows, fill)
         grad_w = None if grad_w is None else grad_w.to(ctx.w_dtype)
         grad_b = None if grad_b is None else grad_b.to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -258,11 +282,12 @@ def linear_cross_entropy(
     _check_labels(labels, weight.shape[0], ignore_index)
     valid = labels != ignore_index
     denominator = _denominator(num_items_in_batch, valid, x.device)
+    keep = None
     if x.device.type == "cpu" and not bool(valid.all()) and bool(_ignored_rows_finite(x2, valid, weight, bias)):
-        # Ignored finite rows contribute nothing: skip their GEMMs (index_select's backward scatters zeros back).
+        # Ignored finite rows contribute nothing: skip their GEMMs (their gradient is 0 · the loss's).
         keep = valid.nonzero().squeeze(1)
-        x2, labels = x2.index_select(0, keep), labels.index_select(0, keep)
-    return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, options, compute_dtype)
+        labels = labels.index_select(0, keep)
+    return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, options, compute_dtype, keep)
 
 
 def causal_lm_loss(

@@ -170,8 +170,10 @@ def apply_keep(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     not tensors: the same fp32 arithmetic, no scalar tensors created."""
     if p >= 1.0:
         return torch.zeros_like(x, memory_format=torch.contiguous_format)
-    y = x.to(torch.float32) * (1.0 / (1.0 - p))
-    return torch.where(keep, y, 0.0).to(x.dtype)
+    y = torch.where(keep, x.to(torch.float32) * (1.0 / (1.0 - p)), 0.0)
+    # no no-op .to for fp32: under torch 2.11's dynamo, an autograd.Function returning it routes its
+    # gradient to the wrong output (zeros; pytorch/pytorch#180642, fixed in 2.12)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """slimfit.autograd.linear_cross_entropy / causal_lm_loss: loss and gradients equal to transformers'
 ForCausalLMLoss(lm_head(hidden)) within fp32 rounding, never a B·S·vocab tensor saved, the frozen head
 without logits recomputation nor weight-gradient GEMM."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,6 +145,29 @@ def test_nonfinite_reaches_every_gradient_as_in_hf(where, value, trainable, dtyp
         w, c = (t.clone().requires_grad_(trainable != "head_frozen") for t in (weight, b))
         grads.append(torch.autograd.grad(fn(h, w, c), [t for t in (h, w, c) if t.requires_grad], grad_loss))
     assert not nonfinite_missed(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("rows", ["ignored_dropped", "every_row_computed"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("trainable", ["all", "head_frozen", "input_frozen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nonfinite_loss_gradient_leaves_no_entry_finite(rows, value, trainable, dtype, monkeypatch):
+    """A NaN/Inf incoming gradient makes every gradient entry NaN/Inf, the rows whose label is ignored
+    included (0 · grad): PyTorch's GEMMs may spread it to any entry (oneDNN's AMX bf16 matmul can leak NaN
+    into rows of zeros when K, here the vocabulary, is not a multiple of 32: uxlfoundation/oneDNN#5717),
+    and a finite entry would hide the overflow from AMP's GradScaler. every_row_computed: the path of
+    accelerators (the CPU drops the finite ignored rows before the head GEMM)."""
+    if rows == "every_row_computed":
+        module = importlib.import_module("slimfit.autograd.linear_cross_entropy")
+        monkeypatch.setattr(module, "_ignored_rows_finite", lambda *args: torch.tensor(False))
+    hidden, weight, b, labels = _setup()
+    h, w, c = (t.detach().to(dtype) for t in (hidden, weight, b))
+    h.requires_grad_(trainable != "input_frozen")
+    w.requires_grad_(trainable != "head_frozen"), c.requires_grad_(trainable != "head_frozen")
+    needed = [t for t in (h, w, c) if t.requires_grad]
+    grads = torch.autograd.grad(causal_lm_loss(h, w, c, labels), needed, torch.tensor(value))
+    for i, g in enumerate(grads):
+        assert not torch.isfinite(g).any(), f"gradient {i}: {int(torch.isfinite(g).sum())} finite entries"
 
 
 def test_bf16_autocast_error_within_twice_pytorchs_own():
