@@ -23,6 +23,8 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
   slimfit-paper+lora+ckpt  the same with gradient checkpointing
   slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
+  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim)
+  slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
 Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
 A peer that cannot run here is a row with its error.
 
@@ -70,6 +72,8 @@ class Method:
     preset: str | None = None     # slimfit preset, with the scheduler unless lora
     cce: bool = False
     decoder_only: bool = False
+    frozen_state: str | None = None  # slimfit.optim.attach_frozen_state mode (with the scheduler)
+    in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's AdamW step in backward
 
     @property
     def slimfit(self) -> bool:
@@ -85,6 +89,8 @@ METHODS = {
     "slimfit-aggressive": Method(preset="aggressive"), "slimfit-paper+lora": Method(preset="paper", lora=True),
     "slimfit-paper+lora+ckpt": Method(preset="paper", lora=True, ckpt=True),
     "slimfit-paper+adamw8bit": Method(preset="paper", optimizer="torchao8"),
+    "slimfit-paper+q8": Method(preset="paper", frozen_state="compress"),
+    "slimfit-paper+q8+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True),
 }
 
 
@@ -107,6 +113,10 @@ def _lora(model, arch):
 
 
 def _optimizer(method: Method, model, params):
+    if method.in_backward:
+        from slimfit.optim import step_in_backward
+
+        return step_in_backward(model, torch.optim.AdamW, lr=0.0)
     if method.optimizer == "torchao8":
         from torchao.optim import AdamW8bit
 
@@ -123,6 +133,17 @@ def _optimizer(method: Method, model, params):
                               block_prefix_list=_blocks(model), switch_block_every=50, switch_mode="ascending",
                               verbose=0)
     return torch.optim.AdamW(params, lr=0.0)
+
+
+def _hold_frozen_state(setup, scheduler, mode: str) -> None:
+    """slimfit.optim's FrozenState on the setup's optimizer, and one step so that it holds what it holds in
+    every later step: every layer's AdamW state made first (a layer frozen now trained earlier), then the
+    scheduler's step holds the frozen layers' state (the measured step finds it held)."""
+    from slimfit.optim import attach_frozen_state
+
+    attach_frozen_state(scheduler, setup.optimizer, mode=mode)
+    archs.prime_optimizer(setup.optimizer)
+    setup.step()
 
 
 def _blocks(model) -> list:
@@ -176,9 +197,12 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
     optimizer = _optimizer(method, model, params)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
+    setup = _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
+                           after_step=scheduler.step if scheduler is not None else None)
+    if method.frozen_state:
+        _hold_frozen_state(setup, scheduler, method.frozen_state)
     try:
-        yield _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
-                             after_step=scheduler.step if scheduler is not None else None)
+        yield setup
     finally:
         del model, optimizer, scheduler
 
