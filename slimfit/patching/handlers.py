@@ -27,6 +27,7 @@ from .modules import (
     Conv1DMixin,
     ConvMixin,
     DropoutMixin,
+    FusedGeGLUMixin,
     FusedSwiGLUMixin,
     GeGLUMixin,
     GELUMixin,
@@ -56,6 +57,7 @@ from .sampling import NORM_CACHE
 from .structure import (
     activation_attribute,
     agrees,
+    fused_gated_names,
     gated_mlp_layout,
     is_rmsnorm_shaped,
     norm_epsilon,
@@ -264,6 +266,13 @@ def _is_gelu_gated_mlp(module, ctx) -> bool:
     return gated_mlp_layout(module) == "separate" and activation_attribute(module, gelus) is not None
 
 
+def _is_fused_gelu_gated_mlp(module, ctx) -> bool:
+    """One linear producing [gate, up], the down projection and an erf or tanh GELU activation child
+    (ModernBERT)."""
+    gelus = tuple(cls for cls, approx in ctx.gelu_kinds.items() if approx != "quick")
+    return gated_mlp_layout(module) == "fused" and activation_attribute(module, gelus) is not None
+
+
 def _geglu_options(ctx: PatchContext, name: str, module) -> GeGLUOptions:
     gelus = tuple(cls for cls, approx in ctx.gelu_kinds.items() if approx != "quick")
     act = getattr(module, activation_attribute(module, gelus))
@@ -294,10 +303,11 @@ def _swiglu_skip(ctx: PatchContext, module) -> str | None:
 
 def _verify_mlp(ctx: PatchContext, module) -> str | None:
     original = vars(module)[ORIGINAL_CLASS]
-    first = module.gate_up_proj if gated_mlp_layout(module) == "fused" else module.gate_proj
+    layout = gated_mlp_layout(module)
+    first = getattr(module, fused_gated_names(module)[0]) if layout == "fused" else module.gate_proj
     if agrees(module, original, probe_input(first.in_features, first.weight)):
         return None
-    return ("gated-MLP-shaped, but its forward differs from down(silu(gate(x)) * up(x)) on a probe input: "
+    return ("gated-MLP-shaped, but its forward differs from down(act(gate(x)) * up(x)) on a probe input: "
             "left as is (its linears are patched on their own)")
 
 
@@ -397,6 +407,10 @@ HANDLERS: list = [
             skip=lambda ctx, module: "silu_bits=None" if ctx.config.silu_bits is None else None),
     Handler("geglu", _is_gelu_gated_mlp, GeGLUMixin, _geglu_options,
             lambda ctx, opts: f"gate and up {opts.bits}-bit (GELU {opts.approximate})",
+            skip=lambda ctx, module: "gelu_bits=None (GeGLU product saved as in PyTorch)"
+            if ctx.config.gelu_bits is None else None, on_patch=_claim_gelu_act, verify=_verify_mlp),
+    Handler("geglu", _is_fused_gelu_gated_mlp, FusedGeGLUMixin, _geglu_options,
+            lambda ctx, opts: f"fused gate-up, gate and up {opts.bits}-bit (GELU {opts.approximate})",
             skip=lambda ctx, module: "gelu_bits=None (GeGLU product saved as in PyTorch)"
             if ctx.config.gelu_bits is None else None, on_patch=_claim_gelu_act, verify=_verify_mlp),
     Handler("swiglu", _is_gated_mlp, SwiGLUMixin,

@@ -23,6 +23,7 @@ from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
 from ..autograd.silu import silu, swiglu
 from .sampling import NORM_CACHE
+from .structure import fused_gated_names
 
 ORIGINAL_CLASS = "_slimfit_original_class"
 OPTIONS = "_slimfit"
@@ -145,16 +146,35 @@ class GeGLUMixin:
         return self.down_proj(h)
 
 
+def _fused_gated_forward(module, x, product):
+    """down(dropout(product(gate, up))) of a fused gated MLP (structure.fused_gated_names: Phi-3's gate_up_proj,
+    ModernBERT's Wi / drop / Wo)."""
+    fused, down, dropout = fused_gated_names(module)
+    gate, up = getattr(module, fused)(x).chunk(2, dim=-1)
+    h = product(gate, up, options=getattr(module, OPTIONS))
+    if dropout is not None:
+        h = getattr(module, dropout)(h)
+    return getattr(module, down)(h)
+
+
 class FusedSwiGLUMixin:
-    """A SwiGLU MLP whose gate and up projections are one linear (Phi-3's gate_up_proj: [gate, up] along the
-    last dimension): down_proj(silu(gate) * up), gate and up saved quantized as in SwiGLUMixin."""
+    """A SwiGLU MLP whose gate and up projections are one linear ([gate, up] along the last dimension; Phi-3):
+    down(silu(gate) * up), gate and up saved quantized as in SwiGLUMixin."""
 
     def forward(self, x):
         if not torch.is_grad_enabled():
             return _original_forward(self, x)
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        h = swiglu(gate, up, options=getattr(self, OPTIONS))
-        return self.down_proj(h)
+        return _fused_gated_forward(self, x, swiglu)
+
+
+class FusedGeGLUMixin:
+    """A GeGLU MLP whose gate and up projections are one linear (ModernBERT's Wi, GELU, dropout, Wo):
+    down(dropout(gelu(gate) * up)), gate and up saved quantized as in GeGLUMixin."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return _original_forward(self, x)
+        return _fused_gated_forward(self, x, geglu)
 
 
 class RMSNormMixin:

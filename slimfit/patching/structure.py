@@ -84,12 +84,27 @@ def _linear(module, name: str) -> bool:
 
 
 def gated_mlp_layout(module: nn.Module) -> str | None:
-    """'separate' (gate_proj, up_proj, down_proj), 'fused' (gate_up_proj producing [gate, up], down_proj),
-    or None."""
-    if not _linear(module, "down_proj"):
-        return None
-    if _linear(module, "gate_proj") and _linear(module, "up_proj"):
+    """'separate' (gate_proj, up_proj, down_proj), 'fused' (one linear producing [gate, up], then the down
+    projection: fused_gated_names), or None."""
+    if _linear(module, "down_proj") and _linear(module, "gate_proj") and _linear(module, "up_proj"):
         return "separate"
-    if _linear(module, "gate_up_proj") and module.gate_up_proj.out_features % 2 == 0:
-        return "fused"
-    return None
+    return "fused" if fused_gated_names(module) is not None else None
+
+
+def fused_gated_names(module: nn.Module) -> tuple[str, str, str | None] | None:
+    """(the fused gate-up linear, the down linear, a dropout between them or None) of a gated MLP whose gate
+    and up projections are one linear producing [gate, up] along the last dimension: Phi-3's gate_up_proj
+    and down_proj by name, or by structure (ModernBERT's Wi, drop, Wo): exactly two linear children, the
+    first H -> 2I, the second I -> H, and at most one dropout child. The patch-time probe checks the rest
+    (that the forward is down(dropout(act(gate) * up)))."""
+    if _linear(module, "gate_up_proj") and _linear(module, "down_proj"):
+        return ("gate_up_proj", "down_proj", None) if module.gate_up_proj.out_features % 2 == 0 else None
+    children = list(module.named_children())
+    linears = [(name, child) for name, child in children if isinstance(child, nn.Linear)]
+    dropouts = [name for name, child in children if isinstance(child, nn.Dropout)]
+    if len(linears) != 2 or len(dropouts) > 1:
+        return None
+    (first_name, first), (second_name, second) = linears
+    if first.out_features != 2 * second.in_features or second.out_features != first.in_features:
+        return None
+    return first_name, second_name, dropouts[0] if dropouts else None

@@ -209,3 +209,52 @@ def test_llama_activation_checkpointing():
     twin(**inputs).loss.backward()
     for (n, p), (_, q) in zip(patched.named_parameters(), twin.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def _modernbert_mlp(dropout: float = 0.0):
+    from .encoder_zoo import build_model
+
+    model, inputs = build_model("modernbert")
+    for layer in model.model.layers:
+        layer.mlp.drop.p = dropout
+    return model, inputs
+
+
+def test_fused_gelu_gated_mlp_recognised_by_structure():
+    """ModernBERT's MLP (Wi -> [input, gate], GELU, dropout, Wo: no gate_proj / up_proj names) is a fused GeGLU
+    by structure: patched, gate and up saved at 4 bits, its forward bit-identical to the original's; its
+    gradients those of the plain model within the 4-bit error."""
+    model, inputs = _modernbert_mlp()
+    ref = copy.deepcopy(model)
+    summary = slimfit.patch(model, SlimFitConfig.paper().replace(attention=None)).slimfit_summary
+    assert summary.counts().get("geglu[fused gate-up, gate and up 4-bit (GELU none)]") == 2
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 5, mlp.Wi.in_features, requires_grad=True)
+    with torch.no_grad():
+        expected = type(ref.model.layers[0].mlp).forward(ref.model.layers[0].mlp, x)
+    assert torch.equal(mlp(x), expected)
+    for p in mlp.parameters():
+        p.requires_grad_(False)  # frozen: the linears keep nothing, what is left is the product's
+    run = memory.measure(mlp, x, backward=False)
+    assert run.total == 2 * q_bytes(2 * 5 * mlp.Wo.in_features, 4)  # gate and up at 4 bits, nothing in full
+    for p in mlp.parameters():
+        p.requires_grad_(True)
+    model.train(), ref.train()
+    torch.manual_seed(0)
+    model(**inputs).loss.backward()
+    torch.manual_seed(0)
+    ref(**inputs).loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert (p.grad - q.grad).norm() <= 0.1 * q.grad.norm() + 1e-6, name
+
+
+def test_fused_gated_mlp_with_dropout_is_checked_by_the_probe():
+    """A dropout between the product and the down projection: the MLP keeps it (training mode draws a mask;
+    eval mode is bit-identical), and its forward in eval equals the original's."""
+    model, inputs = _modernbert_mlp(dropout=0.5)
+    ref = copy.deepcopy(model).eval()
+    slimfit.patch(model, SlimFitConfig.paper().replace(attention=None))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, ref(**inputs).logits)
