@@ -25,6 +25,7 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
   slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim)
   slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
+  slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
 Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
 A peer that cannot run here is a row with its error.
 
@@ -74,6 +75,7 @@ class Method:
     decoder_only: bool = False
     frozen_state: str | None = None  # slimfit.optim.attach_frozen_state mode (with the scheduler)
     in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's AdamW step in backward
+    between_steps: bool = False      # FrozenState(between_steps=True): the trained layers' state held too
 
     @property
     def slimfit(self) -> bool:
@@ -91,6 +93,8 @@ METHODS = {
     "slimfit-paper+adamw8bit": Method(preset="paper", optimizer="torchao8"),
     "slimfit-paper+q8": Method(preset="paper", frozen_state="compress"),
     "slimfit-paper+q8+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True),
+    "slimfit-paper+q8all+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True,
+                                        between_steps=True),
 }
 
 
@@ -135,13 +139,13 @@ def _optimizer(method: Method, model, params):
     return torch.optim.AdamW(params, lr=0.0)
 
 
-def _hold_frozen_state(setup, scheduler, mode: str) -> None:
+def _hold_frozen_state(setup, scheduler, mode: str, between_steps: bool) -> None:
     """slimfit.optim's FrozenState on the setup's optimizer, and one step so that it holds what it holds in
     every later step: every layer's AdamW state made first (a layer frozen now trained earlier), then the
     scheduler's step holds the frozen layers' state (the measured step finds it held)."""
     from slimfit.optim import attach_frozen_state
 
-    attach_frozen_state(scheduler, setup.optimizer, mode=mode)
+    attach_frozen_state(scheduler, setup.optimizer, mode=mode, between_steps=between_steps)
     archs.prime_optimizer(setup.optimizer)
     setup.step()
 
@@ -200,7 +204,7 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
     setup = _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
                            after_step=scheduler.step if scheduler is not None else None)
     if method.frozen_state:
-        _hold_frozen_state(setup, scheduler, method.frozen_state)
+        _hold_frozen_state(setup, scheduler, method.frozen_state, method.between_steps)
     try:
         yield setup
     finally:

@@ -24,8 +24,13 @@ hand); when it is frozen (a zero-filled gradient) its gradient is dropped instea
     sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt)
     frozen_state = attach_frozen_state(sched, opt, mode="compress")
 
-Off by default (opt-in): what compressed state does to accuracy has to be measured on the accuracy
-protocols before it can become a default (docs/optim.md).
+With ``between_steps=True`` and an optimizer from ``step_in_backward`` the state of the trained layers is
+held too, between their own steps: each parameter's state is put back right before its step inside backward
+and held again right after it, so one parameter's state is resident in full at a time (an 8-bit AdamW made
+of slimfit's kernels, when compressing).
+
+Off by default (opt-in): what compressed state does to accuracy is measured on the accuracy protocols
+(docs/optim.md).
 """
 from __future__ import annotations
 
@@ -63,9 +68,14 @@ class FrozenState:
     """
 
     def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, between_steps: bool = False):
         _check_options(mode, group_size, seed)
         self.optimizer = unwrap_optimizer(optimizer)
+        self.between_steps = bool(between_steps)
+        if self.between_steps and not hasattr(self.optimizer, "register_param_step_post_hook"):
+            raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
+                             "own steps, which needs the step of one parameter at a time: build the optimizer "
+                             "with slimfit.optim.step_in_backward")
         self.mode, self.group_size, self.stochastic, self.seed = mode, int(group_size), bool(stochastic), int(seed)
         self._draws = 0                  # stochastic-rounding seeds drawn so far
         self._pending: dict = {}         # id(p) -> (p, ticket): copies back not yet waited for
@@ -146,7 +156,8 @@ class FrozenState:
         what trains next."""
         self._last_frozen, self._last_trained = list(frozen), list(trained)
         self.freeze(frozen)
-        self.thaw(trained)
+        if not self.between_steps:  # between_steps: each one comes back right before its own step
+            self.thaw(trained)
 
     def _transfer(self, device: torch.device):
         t = self._transfers.get(device)
@@ -221,11 +232,26 @@ class FrozenState:
         backward), the optimizer's step pre-hook otherwise."""
         per_param = getattr(self.optimizer, "register_param_step_pre_hook", None)
         if per_param is not None:
-            return per_param(lambda p: self._before_step([p]))
+            pre = per_param(lambda p: self._before_step([p]))
+            if not self.between_steps:
+                return pre
+            post = self.optimizer.register_param_step_post_hook(self._freeze_one)
+            return _Handles(pre, post)
         return self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(None))
+
+
+class _Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def attach_frozen_state(scheduler, optimizer, mode: str = "compress", **options) -> FrozenState:
     """A FrozenState over ``optimizer`` following ``scheduler``'s frozen sets (options: group_size,
-    stochastic, seed; see FrozenState)."""
+    stochastic, seed, between_steps; see FrozenState)."""
     return FrozenState(optimizer, mode, **options).attach(scheduler)

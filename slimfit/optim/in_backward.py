@@ -78,6 +78,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         self.state = PerParamState(self.optimizers)
         self.optimizer_class = optimizer_class
         self._param_pre_hooks: OrderedDict = OrderedDict()
+        self._param_post_hooks: OrderedDict = OrderedDict()
         self._grad_hooks = [self._register_grad_hook(p) for p in params]
         self.param_steps = 0       # per-parameter steps taken (in backward or by step())
         self._ready = True
@@ -101,6 +102,8 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         self.optimizers[p].step()
         p.grad = None
         self.param_steps += 1
+        for hook in list(self._param_post_hooks.values()):
+            hook(p)
 
     def _on_grad_ready(self, p) -> None:
         if p.grad is not None:
@@ -110,6 +113,12 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         """``hook(p)`` right before parameter ``p`` steps (FrozenState waits there for its state's copy back)."""
         handle = RemovableHandle(self._param_pre_hooks)
         self._param_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_param_step_post_hook(self, hook) -> RemovableHandle:
+        """``hook(p)`` right after parameter ``p`` stepped (FrozenState(between_steps=True) holds its state)."""
+        handle = RemovableHandle(self._param_post_hooks)
+        self._param_post_hooks[handle.id] = hook
         return handle
 
     @torch.no_grad()
