@@ -1,5 +1,5 @@
 """slimfit: fine-tune transformers in far less accelerator memory."""
-from . import kernels
+from . import kernels, optim  # optim registers the scheduler's frozen_state (slimfit/scheduler/extensions.py)
 from .config import AttentionSaving, LinearSampling, SlimFitConfig
 
 # slimfit.patch / slimfit.unpatch are the functions; their package is slimfit.patching.
@@ -22,5 +22,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'slimfit' has no attribute {name!r}")
 
 
-__all__ = ["kernels", "SlimFitConfig", "AttentionSaving", "LinearSampling", "patch", "unpatch", "compile",
+__all__ = ["kernels", "optim", "SlimFitConfig", "AttentionSaving", "LinearSampling", "patch", "unpatch", "compile",
            "ILSScheduler", "SchedulerConfig", "autograd", "memory", "scheduler", "reversible", "__version__"]

@@ -50,6 +50,8 @@ UPDATE_SCALES = ("none", "share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
 RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel")
+# frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState).
+FROZEN_STATES = ("compress", "offload")
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
 
@@ -246,6 +248,7 @@ _CHECKS = {
     "base_bytes": lambda c, v: _real(_C, "base_bytes", v, "a finite number of bytes >= 0", lambda b: b >= 0, 0),
     "release_state_after": lambda c, v: _int(_C, "release_state_after", v, 1, "consecutive frozen steps", 50,
                                              optional=True),
+    "frozen_state": lambda c, v: None if v is None else _choice(_C, "frozen_state", v, FROZEN_STATES),
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
@@ -322,6 +325,9 @@ class SchedulerConfig:
     base_bytes         activation bytes no freezing removes (the unscheduled candidates' bytes are added).
     release_state_after  with an attached optimizer, drop a layer's optimizer state once it has been frozen
                        this many consecutive steps (it restarts from fresh state). None: keep all state.
+    frozen_state       with an attached optimizer, hold the frozen layers' optimizer state while they are
+                       frozen: "compress" (moments 8-bit, 3.76x fewer bytes, lossy) or "offload" (to host
+                       memory; on a GPU, lossless); None keeps it as the optimizer made it (docs/optim.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -346,6 +352,7 @@ class SchedulerConfig:
     budget_bytes: Optional[float] = None
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
+    frozen_state: Optional[str] = None
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
@@ -359,6 +366,10 @@ class SchedulerConfig:
             raise ValueError("SchedulerConfig: memory_aware=True and budget_bytes need activation_bytes (a dict "
                              "name -> bytes or a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) "
                              "measures them")
+        if self.frozen_state is not None and self.experimental.frozen_update != "none":
+            raise ValueError(f"SchedulerConfig: frozen_state={self.frozen_state!r} holds the frozen layers' optimizer "
+                             "state, while experimental frozen_update='momentum' steps them with it every step; "
+                             "keep one (frozen_state=None for the momentum runs)")
         if self.experimental.score is not None and self.score != "relative":
             raise ValueError(f"SchedulerConfig: score={self.score!r} and experimental.score="
                              f"{self.experimental.score!r} ask for two scores; keep one")

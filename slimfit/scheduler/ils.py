@@ -51,6 +51,7 @@ from .candidates import (
 )
 from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
+from .extensions import frozen_state_factory
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer
 from .scores import compute_scores
 from .selection import choose_trained, num_frozen, starved_first, training_order
@@ -221,6 +222,7 @@ class ILSScheduler:
         self.skipped_steps = 0
         self._snap: dict[int, torch.Tensor] = {}
         self._guard: Optional[FrozenGradGuard] = None
+        self._frozen_state = None  # config.frozen_state's holder (slimfit.optim.FrozenState) once attached
         self._opt_steps_seen = 0
         self._closed = False
         self._idle_calls = 0  # step() calls in a row that followed no optimizer step
@@ -303,9 +305,24 @@ class ILSScheduler:
                                       frozen_update=self.config.experimental.frozen_update)
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
+        self._attach_frozen_state(optimizer)
         if self._pending:
             self.apply()
         return self._guard
+
+    def _attach_frozen_state(self, optimizer) -> None:
+        """config.frozen_state: the frozen layers' optimizer state held by what slimfit.optim registered
+        (extensions.py: the scheduler imports no kernel code itself)."""
+        if self._frozen_state is not None:
+            self._frozen_state.remove()
+            self._frozen_state = None
+        if self.config.frozen_state is None:
+            return
+        factory = frozen_state_factory()
+        if factory is None:
+            raise RuntimeError("SchedulerConfig.frozen_state is held by slimfit.optim, which is not loaded: "
+                               "import slimfit.optim (import slimfit does), or pass frozen_state=None")
+        self._frozen_state = factory(self, optimizer, self.config.frozen_state)
 
     def register_frozen_set_hook(self, hook) -> RemovableHandle:
         """Call ``hook(frozen, trained)`` (two lists of parameters) every time a frozen set is applied to
@@ -447,6 +464,9 @@ class ILSScheduler:
         self._snap = {}
         self._trained[:] = True
         self._run_frozen_set_hooks()   # nothing frozen: hooks put back what they held
+        if self._frozen_state is not None:
+            self._frozen_state.remove()
+            self._frozen_state = None
         self._frozen_set_hooks.clear()
         self._closed = True
 

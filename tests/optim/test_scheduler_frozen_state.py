@@ -1,0 +1,46 @@
+"""SchedulerConfig.frozen_state: the scheduler holds the frozen layers' optimizer state through the factory
+slimfit.optim registers (slimfit/scheduler/extensions.py), with no kernel import of its own."""
+import pytest
+import torch
+from _optim_models import build, data, train
+
+from slimfit.optim.keys import HOST, Q8
+from slimfit.scheduler import ILSScheduler, SchedulerConfig
+
+
+def _held(opt, p, suffix):
+    return "exp_avg" + suffix in opt.state.get(p, {}) and "exp_avg" not in opt.state[p]
+
+
+@pytest.mark.parametrize("mode,suffix", [("compress", Q8), ("offload", HOST)])
+def test_frozen_state_option_holds_the_frozen_layers_state(mode, suffix):
+    model = build(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=mode)
+    for _ in range(4):
+        train(model, opt, data(), 1, sched=sched)
+        for p in sched.params:
+            if opt.state.get(p):  # frozen layers hold it, trained layers have it as AdamW made it
+                assert _held(opt, p, suffix) == (not p.requires_grad)
+    assert any(_held(opt, p, suffix) for p in sched.params)
+    sched.close()  # every state back
+    assert not any(_held(opt, p, suffix) for p in sched.params)
+
+
+def test_attaching_again_replaces_the_holder():
+    model = build(0)
+    first, second = (torch.optim.AdamW(model.parameters(), lr=1e-2) for _ in range(2))
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=first, frozen_state="compress")
+    train(model, first, data(), 2, sched=sched)
+    assert any(_held(first, p, Q8) for p in sched.params)
+    sched.attach_optimizer(second)
+    assert not any(_held(first, p, Q8) for p in sched.params)  # the old optimizer's state put back
+
+
+def test_frozen_state_option_checked():
+    with pytest.raises(ValueError, match="did you mean 'compress'"):
+        SchedulerConfig(frozen_state="compres")
+    with pytest.raises(ValueError, match="keep one"):
+        SchedulerConfig.from_options(frozen_state="compress", frozen_update="momentum")
+    config = SchedulerConfig(frozen_state="offload")
+    assert SchedulerConfig.from_dict(config.to_dict()).frozen_state == "offload"
