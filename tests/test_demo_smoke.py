@@ -26,6 +26,7 @@ def test_demo_runs_plain_and_slimfit(capsys):
     assert "plain PyTorch" in out
     assert "slimfit aggressive, rate 0.7" in out and "frozen_update" not in out   # only options changed are named
     assert "test accuracy" in out and "most over the run" in out and "less" in out
+    assert "whole-step peak" in out and "whole-step peak ratio" in out
     assert ("each scheduled layer trains in on average about 30% of the steps (1 of 3 here); the embedding tables "
             "train every step; the classifier head trains every step (bench") in out
 
@@ -56,6 +57,15 @@ def test_sampled_saved_bytes_leave_training_unchanged():
     assert sampled.losses == plain.losses and sampled.accuracy == plain.accuracy
     assert plain.saved_bytes_max is None
     assert sampled.saved_bytes_max >= sampled.saved_bytes == plain.saved_bytes
+    # the whole step after training: at least the weights and AdamW's two moments of every parameter
+    weights = sum(p.numel() * 4 for p in _minilm_parameters())
+    assert plain.step_peak_bytes >= 3 * weights
+
+
+def _minilm_parameters():
+    from transformers import AutoModelForSequenceClassification
+
+    return list(AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2).parameters())
 
 
 def test_rotten_tomatoes_split_is_clean():

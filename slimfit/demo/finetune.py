@@ -23,6 +23,9 @@ class RunResult:
     # the most of saved_bytes over the frozen sets of `saved_samples` evenly spaced steps and the final one
     # (the scheduler's trained set changes from step to step); None when not sampled
     saved_bytes_max: int | None = None
+    # the total peak of one whole training step after training (weights, gradients, AdamW state, saved
+    # activations, temporaries: slimfit.step_memory), final frozen set; None when not measured
+    step_peak_bytes: int | None = None
 
 
 @dataclass
@@ -209,11 +212,24 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
     optimizer.zero_grad(set_to_none=True)
 
     accuracy = evaluate_fn(model)
+    # after the evaluation: this step changes the weights as a training step does
+    step_peak = _step_peak(model, batch_with_extras(fixed), optimizer, scheduler)
     warm = times[min(3, len(times) - 1):] or times
     return RunResult(name=prepared.name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
+                     step_peak_bytes=step_peak,
                      step_ms=1000 * statistics.median(warm), frozen_share=statistics.mean(frozen) if frozen else 0.0,
                      losses=losses, trainable_params=sum(p.numel() for p in params),
                      saved_bytes_max=max(sampled + [saved]) if sampled else None)
+
+
+def _step_peak(model, batch: dict, optimizer, scheduler) -> int:
+    """The total peak of one whole training step (forward, backward, AdamW step, zero_grad, the scheduler's
+    step) on `batch`, the optimizer's state as training left it (slimfit.step_memory)."""
+    from slimfit import step_memory
+
+    model.train()
+    return step_memory.measure_step(model, batch, optimizer,
+                                    after_step=scheduler.step if scheduler is not None else None).total
 
 
 def _adamw(model, scheduler, lr: float):

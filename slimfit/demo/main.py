@@ -64,6 +64,7 @@ def render(results) -> str:
             ("test accuracy", [f"{100 * r.accuracy:.2f} %" for r in results]),
             ("saved activations / step", [_mib(r.saved_bytes) for r in results]),
             ("  most over the run", [_mib(_most_saved(r)) for r in results]),
+            ("whole-step peak", [_mib(r.step_peak_bytes) for r in results]),
             ("peak GPU memory", [_mib(r.peak_bytes) for r in results]),
             ("step time (median)", [f"{r.step_ms:.0f} ms" for r in results]),
             ("layers frozen (mean)", [f"{100 * r.frozen_share:.0f} %" for r in results]),
@@ -71,6 +72,9 @@ def render(results) -> str:
     if len(results) == 2 and results[0].saved_bytes and results[1].saved_bytes:
         ratio = _most_saved(results[0]) / _most_saved(results[1])
         rows.append(("activation memory ratio (most)", ["1.0x", f"{ratio:.1f}x less"]))
+    if len(results) == 2 and results[0].step_peak_bytes and results[1].step_peak_bytes:
+        ratio = results[0].step_peak_bytes / results[1].step_peak_bytes
+        rows.append(("whole-step peak ratio", ["1.0x", f"{ratio:.2f}x less"]))
     width = max(len(k) for k, _ in rows)
     colw = max(len(c) for _, cells in rows for c in cells) + 2
     return "\n".join(f"{k:<{width}}  " + "".join(f"{c:>{colw}}" for c in cells) for k, cells in rows)
