@@ -8,8 +8,11 @@ restored for it, so saving costs no memory. Two things need care:
     device (uint8 codes to fp32, fp32 scales to bf16 for a bf16 model, host copies to the device): the
     load pre-hook takes the held entries out of the incoming state before that, and the post-hook puts
     them back as they were (8-bit entries on the parameter's device, host copies on the host, pinned for
-    a CUDA parameter), then holds the state of the layers frozen at the scheduler's last call and restores
-    that of the layers it trains.
+    a CUDA parameter). Nothing is held or restored at load: the scheduler's next frozen set (its
+    load_state_dict or step) holds and restores what changed, and a held layer that steps before that is
+    restored right before its step. Holding by the frozen set in force at load time would be a lossy round
+    trip for every layer a scheduler state loaded next trains (a resumed run would round otherwise than
+    the uninterrupted one).
 A checkpoint with held state loads into a plain optimizer too (``restore_state`` then decodes it).
 """
 from __future__ import annotations
@@ -42,8 +45,7 @@ def _placed(key: str, value, p: torch.Tensor):
 
 
 def _put_back(manager, optimizer) -> None:
-    """Load post-hook: the stashed entries into the loaded state, then the state of the scheduler's frozen set
-    held and that of its trained set restored (the checkpoint may come from another point of the schedule)."""
+    """Load post-hook: the stashed entries into the loaded state, as they were (module docstring)."""
     stash, manager._stash = manager._stash, {}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, held in stash.items():
@@ -51,8 +53,6 @@ def _put_back(manager, optimizer) -> None:
         state = optimizer.state[p]
         for key, value in held.items():
             state[key] = _placed(key, value, p)
-    manager.freeze(manager._last_frozen)
-    manager.thaw(manager._last_trained)
 
 
 def install(manager) -> list:

@@ -34,6 +34,7 @@ Off by default (opt-in): what compressed state does to accuracy is measured on t
 """
 from __future__ import annotations
 
+import hashlib
 import numbers
 
 import torch
@@ -77,7 +78,7 @@ class FrozenState:
                              "own steps, which needs the step of one parameter at a time: build the optimizer "
                              "with slimfit.optim.step_in_backward")
         self.mode, self.group_size, self.stochastic, self.seed = mode, int(group_size), bool(stochastic), int(seed)
-        self._draws = 0                  # stochastic-rounding seeds drawn so far
+        self._index: dict = {}           # id(p) -> its place in the optimizer's parameters (seeds)
         self._pending: dict = {}         # id(p) -> (p, ticket): copies back not yet waited for
         self._transfers: dict = {}       # device -> CpuTransfer / CudaTransfer
         self._last_frozen: list = []     # the scheduler's frozen and trained sets at its last hook call
@@ -165,9 +166,16 @@ class FrozenState:
             t = self._transfers[device] = transfer_for(device)
         return t
 
-    def _next_seed(self) -> int:
-        self._draws += 1
-        return (self.seed * 1_000_003 + self._draws) % 2**62
+    def _seed_for(self, p, key: str, state: dict) -> int:
+        """The stochastic-rounding seed of one entry, from this FrozenState's seed, the parameter's place in
+        the optimizer, the entry's name and the parameter's optimizer step count: a run resumed from a
+        checkpoint rounds as the uninterrupted one did (a running counter would start again at 0)."""
+        if id(p) not in self._index:
+            self._index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])}
+        step = state.get("step")
+        step = int(step) if isinstance(step, (int, float, torch.Tensor)) else 0
+        text = f"{self.seed}:{self._index.get(id(p), -1)}:{key}:{step}".encode()
+        return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") % 2**62
 
     @torch.no_grad()
     def _freeze_one(self, p) -> bool:
@@ -181,7 +189,7 @@ class FrozenState:
                 how = compress_transform(key, t, p)
                 if how is None:
                     continue
-                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._next_seed(), group_size=self.group_size,
+                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._seed_for(p, key, state), group_size=self.group_size,
                                                stochastic=self.stochastic)
             else:
                 if not offloadable(key, t, p):
