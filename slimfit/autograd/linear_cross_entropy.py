@@ -34,7 +34,11 @@ makes every gradient entry NaN/Inf, the input rows whose label is ignored includ
 rows too): PyTorch's own GEMMs may spread it there (oneDNN's AMX bf16 matmul can leak NaN into other
 rows when K is not a multiple of 32: uxlfoundation/oneDNN#5717), and a finite value must never hide it.
 
-Options: `LinearCrossEntropyOptions` (ignore_index, chunk_rows), checked once when built.
+Final soft-capping (Gemma2: `softcap=config.final_logit_softcapping`): the loss sees cap · tanh(raw / cap) of
+each chunk's logits, computed as Gemma2's forward does (in the compute dtype, before the fp32 upcast); backward
+multiplies the logits' gradient by 1 - tanh² of the recomputed raw logits.
+
+Options: `LinearCrossEntropyOptions` (ignore_index, chunk_rows, softcap), checked once when built.
 """
 from __future__ import annotations
 
@@ -68,11 +72,16 @@ class LinearCrossEntropyOptions:
     op: ClassVar[str] = "linear_cross_entropy"
     ignore_index: int = -100
     chunk_rows: int = DEFAULT_CHUNK_ROWS
+    softcap: float | None = None  # final logit soft-capping: cap · tanh(logits / cap) (Gemma2)
 
     def __post_init__(self):
         rows = self.chunk_rows
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {rows!r}")
+        cap = self.softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+            raise ValueError(f"slimfit.linear_cross_entropy: softcap must be None or a finite number > 0 (the "
+                             f"model's final_logit_softcapping), got {cap!r}")
 
 
 def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
@@ -82,6 +91,17 @@ def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Te
     probs = logits.sub_(lse.unsqueeze(1)).exp_()
     probs.scatter_add_(1, labels.unsqueeze(1), -valid.to(probs.dtype).unsqueeze(1))
     return probs.mul_(row_scale.unsqueeze(1))
+
+
+def _head(xc: torch.Tensor, w: torch.Tensor, b, softcap: float | None):
+    """(the fp32 logits the loss sees, d logits / d raw logits or None): with soft-capping, cap · tanh(raw / cap)
+    in the compute dtype before the upcast, as Gemma2's forward computes them."""
+    raw = F.linear(xc, w, b)
+    if softcap is None:
+        return raw.float(), None
+    t = torch.tanh(raw / softcap)
+    slope = 1.0 - t.float().square()
+    return (t * softcap).float(), slope
 
 
 def _zero_times(grad_loss: torch.Tensor) -> torch.Tensor:
@@ -143,18 +163,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, chunk_rows):
                 end = min(start + chunk_rows, n)
                 xc = x[start:end].to(compute_dtype)
-                logits = F.linear(xc, w, b).float()  # fp32 upcast, as ForCausalLMLoss
+                logits, slope = _head(xc, w, b, options.softcap)  # fp32 upcast, as ForCausalLMLoss
                 lse = _nan_if_inf(torch.logsumexp(logits, dim=1))
                 valid, safe = valid_all[start:end], safe_all[start:end]
                 target = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
                 total = total + torch.where(valid, lse - target, torch.zeros_like(lse)).sum()
                 if eager:
                     g = _chunk_grad_logits(logits, lse, safe, valid, scale_all[start:end])
+                    g = g if slope is None else g.mul_(slope)
                     grad_x[start:end] = g.to(compute_dtype).mm(w).to(x.dtype)
                 else:
                     lse_all[start:end] = lse
         ctx.eager = eager
-        ctx.chunk_rows = chunk_rows
+        ctx.chunk_rows, ctx.softcap = chunk_rows, options.softcap
         ctx.compute_dtype = compute_dtype
         ctx.device_type = device_type
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
@@ -191,9 +212,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, rows):
                 end = min(start + rows, n)
                 xc = x[start:end]
-                logits = F.linear(xc, w, b).float()
+                logits, slope = _head(xc, w, b, ctx.softcap)
                 g = _chunk_grad_logits(logits, lse_all[start:end], safe_all[start:end], valid_all[start:end],
-                                       row_scale_all[start:end]).to(cd)
+                                       row_scale_all[start:end])
+                g = (g if slope is None else g.mul_(slope)).to(cd)
                 if need_x:
                     grad_x[start:end] = g.mm(w).to(ctx.x_dtype)
                 if need_w:
@@ -260,6 +282,7 @@ def linear_cross_entropy(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    softcap: float | None = None,
     options: LinearCrossEntropyOptions | None = None,
 ) -> torch.Tensor:
     """`F.cross_entropy(F.linear(x, weight, bias).float().view(-1, V), labels.view(-1), ignore_index=...)`
@@ -267,9 +290,11 @@ def linear_cross_entropy(
     keeping the logits: `chunk_rows` rows of logits at a time. Returns a 0-d fp32 tensor.
 
     x: (..., hidden); labels: integer tensor of x's leading shape (already shifted for a causal LM).
-    options: a LinearCrossEntropyOptions built once, instead of ignore_index and chunk_rows."""
+    softcap: the model's final logit soft-capping (cap · tanh(logits / cap), Gemma2), None for none.
+    options: a LinearCrossEntropyOptions built once, instead of ignore_index, chunk_rows and softcap."""
     _check_args(x, weight, bias, labels)
-    options = call_options(LinearCrossEntropyOptions, options, ignore_index=ignore_index, chunk_rows=chunk_rows)
+    options = call_options(LinearCrossEntropyOptions, options, ignore_index=ignore_index, chunk_rows=chunk_rows,
+                           softcap=softcap)
     _check_num_items(num_items_in_batch)
     ignore_index = options.ignore_index
     compute_dtype = autocast_dtype(x.device.type)
@@ -300,6 +325,7 @@ def causal_lm_loss(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    softcap: float | None = None,
     options: LinearCrossEntropyOptions | None = None,
 ) -> torch.Tensor:
     """transformers' `ForCausalLMLoss(lm_head(hidden), labels, ...)` without the logits: position t
@@ -312,4 +338,5 @@ def causal_lm_loss(
         ignored = ignore_index if options is None else options.ignore_index
         shift_labels = F.pad(labels, (0, 1), value=ignored)[..., 1:]
     return linear_cross_entropy(hidden, weight, bias, shift_labels.to(hidden.device), ignore_index=ignore_index,
-                                num_items_in_batch=num_items_in_batch, chunk_rows=chunk_rows, options=options)
+                                num_items_in_batch=num_items_in_batch, chunk_rows=chunk_rows, softcap=softcap,
+                                options=options)

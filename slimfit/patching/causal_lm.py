@@ -36,7 +36,8 @@ PROBE_TOKENS = 8
 # summation order in fp32 (about 1e-7); 16-bit logits round at about 4e-3.
 PROBE_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9}
 PROBE_TOLERANCE_16BIT = 2e-2
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+# logit transforms the chunked loss does not compute (final_logit_softcapping it does: softcap=)
+_LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 def _is_causal_lm_class(cls: type) -> bool:
@@ -147,7 +148,8 @@ def _chunked_forward(self, *args, **kwargs):
     loss = causal_lm_loss(outputs.last_hidden_state, head.weight, head.bias, labels,
                           shift_labels=extra.get("shift_labels"), ignore_index=extra.get("ignore_index", -100),
                           num_items_in_batch=extra.get("num_items_in_batch"),
-                          chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"])
+                          chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"],
+                          softcap=getattr(self.config, "final_logit_softcapping", None) or None)
     out_cls = _output_class(type(self))
     fields = {field.name: getattr(outputs, field.name, None) for field in dataclasses.fields(out_cls)
               if field.name not in ("loss", "logits")}

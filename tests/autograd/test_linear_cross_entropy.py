@@ -261,3 +261,39 @@ def test_bad_arguments_are_named():
         loss = linear_cross_entropy(hidden, weight, b, labels)
         (g,) = torch.autograd.grad(loss, hidden, create_graph=True)
         g.sum().backward()
+
+
+@pytest.mark.parametrize("trainable", ["all", "head_frozen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_final_softcapping_as_gemma2(trainable, dtype):
+    """softcap=c: the loss of c · tanh(logits / c) computed as Gemma2's forward does (in the input dtype, then
+    the fp32 upcast), with its gradients: equal to PyTorch's on the capped logits (fp32 within summation
+    order, bf16 within twice PyTorch's own bf16 error against fp32)."""
+    hidden, weight, b, labels = _setup()
+    cap = 3.0
+
+    def reference(h, w, c):
+        logits = F.linear(h, w, c)
+        return hf_loss(torch.tanh(logits / cap) * cap, labels, V)
+
+    grads = []
+    for fn in (reference, lambda h, w, c: causal_lm_loss(h, w, c, labels, softcap=cap, chunk_rows=5)):
+        h = hidden.detach().to(dtype).requires_grad_(True)
+        w, c = (t.detach().to(dtype).requires_grad_(trainable != "head_frozen") for t in (weight, b))
+        loss = fn(h, w, c)
+        grads.append((loss.detach(), torch.autograd.grad(loss, [t for t in (h, w, c) if t.requires_grad])))
+    (ref_loss, ref_grads), (loss, got) = grads
+    if dtype == torch.float32:
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+        for a, r in zip(got, ref_grads):
+            torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-7)
+        return
+    exact = reference(*(t.detach().double() for t in (hidden, weight, b)))
+    assert abs(float(loss) - float(exact)) <= 2 * abs(float(ref_loss) - float(exact)) + 1e-3
+
+
+def test_softcap_option_checked():
+    hidden, weight, b, labels = _setup()
+    for bad in (0.0, -1.0, float("inf"), True, "30"):
+        with pytest.raises(ValueError, match="softcap"):
+            causal_lm_loss(hidden, weight, b, labels, softcap=bad)
