@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     for source, measured, spec in _cases():
         predicted = _predict(spec)
         rows.append({"source": source, "model": measured.get("model") or measured["case"], "dtype": spec["dtype"],
-                     "batch": spec["batch"], "method": measured["method"], "measured_mib": f"{measured['measured']:.1f}",
+                     "batch": spec["batch"], "method": measured["method"],
+                     "measured_mib": f"{measured['measured']:.1f}",
                      "predicted_mib": f"{predicted:.1f}",
                      "error_pct": f"{100 * (predicted / measured['measured'] - 1):.2f}",
                      "same_step": "no" if source == "e2e" and "lora" in measured["method"] else "yes"})

@@ -31,7 +31,8 @@ METHODS = {"sdpa": "PyTorch, full fine-tuning (SDPA)", "grad-ckpt": "gradient ch
            "lora-r8": "LoRA r=8", "lora-r8+ckpt": "LoRA r=8 + checkpointing",
            "slimfit-paper": "**slimfit `paper()`**, full fine-tuning", "slimfit-aggressive": "slimfit `aggressive()`",
            "slimfit-paper+q8": "slimfit `paper()`, frozen layers' AdamW state 8-bit (`frozen_state=\"compress\"`)",
-           "slimfit-paper+q8all+inbwd": "slimfit `paper()`, every AdamW state 8-bit, step in backward (`docs/optim.md`)",
+           "slimfit-paper+q8all+inbwd":
+               "slimfit `paper()`, every AdamW state 8-bit, step in backward (`docs/optim.md`)",
            "slimfit-paper+lora": "slimfit `paper()` + LoRA r=8",
            "slimfit-paper+lora+ckpt": "slimfit `paper()` + LoRA r=8 + checkpointing"}
 

@@ -79,7 +79,8 @@ class LinearCrossEntropyOptions:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"slimfit.linear_cross_entropy: chunk_rows must be an int >= 1, got {rows!r}")
         cap = self.softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+        number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+        if cap is not None and not (number and 0 < cap < float("inf")):
             raise ValueError(f"slimfit.linear_cross_entropy: softcap must be None or a finite number > 0 (the "
                              f"model's final_logit_softcapping), got {cap!r}")
 

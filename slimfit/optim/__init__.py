@@ -15,12 +15,12 @@ The scheduler (slimfit.scheduler, pure Python) knows nothing of this package: Fr
 callback with ``ILSScheduler.register_frozen_set_hook``, and this package registers the factory that
 ``SchedulerConfig(frozen_state="compress" | "offload")`` calls (slimfit/scheduler/extensions.py).
 """
+from slimfit.scheduler.extensions import register_frozen_state
+
 from .checkpoint import restore_state
 from .codec import decode, encode, encoded_nbytes
 from .frozen_state import MODES, FrozenState, attach_frozen_state
 from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
-
-from slimfit.scheduler.extensions import register_frozen_state  # noqa: E402, I001
 
 # SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached
 register_frozen_state(lambda scheduler, optimizer, mode: attach_frozen_state(scheduler, optimizer, mode=mode))

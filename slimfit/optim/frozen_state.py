@@ -189,8 +189,8 @@ class FrozenState:
                 how = compress_transform(key, t, p)
                 if how is None:
                     continue
-                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._seed_for(p, key, state), group_size=self.group_size,
-                                               stochastic=self.stochastic)
+                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._seed_for(p, key, state),
+                                               group_size=self.group_size, stochastic=self.stochastic)
             else:
                 if not offloadable(key, t, p):
                     continue
