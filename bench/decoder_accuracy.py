@@ -131,14 +131,27 @@ def _assets(args):
     return (model, tokenizer), train, test
 
 
+class _WordHashTokenizer:
+    """Words (with their leading space) and newlines -> ids 3..258 by CRC; 0 = padding: --quick needs no asset."""
+    pad_token_id = 0
+    eos_token_id = 1
+
+    def encode(self, text, add_special_tokens=False):
+        import re
+        import zlib
+
+        return [3 + zlib.crc32(w.encode()) % 256 for w in re.findall(r"\n| ?[^\s]+", text)]
+
+
 def _tiny():
-    """A tiny random Llama and a word-hash tokenizer (the tests' decoder helpers): --quick needs no asset."""
-    import os
+    """A tiny random Llama (2 layers, width 32) and the word-hash tokenizer."""
+    import transformers
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from test_demo_decoder import ByteTokenizer, tiny_llama
-
-    return tiny_llama(), ByteTokenizer()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg), _WordHashTokenizer()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -213,7 +213,7 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
 
     accuracy = evaluate_fn(model)
     # after the evaluation: this step changes the weights as a training step does
-    step_peak = _step_peak(model, batch_with_extras(fixed), optimizer, scheduler)
+    step_peak = _step_peak(model, batch_with_extras(fixed), optimizer)
     warm = times[min(3, len(times) - 1):] or times
     return RunResult(name=prepared.name, accuracy=accuracy, saved_bytes=saved, peak_bytes=peak,
                      step_peak_bytes=step_peak,
@@ -222,14 +222,14 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
                      saved_bytes_max=max(sampled + [saved]) if sampled else None)
 
 
-def _step_peak(model, batch: dict, optimizer, scheduler) -> int:
-    """The total peak of one whole training step (forward, backward, AdamW step, zero_grad, the scheduler's
-    step) on `batch`, the optimizer's state as training left it (slimfit.step_memory)."""
+def _step_peak(model, batch: dict, optimizer) -> int:
+    """The total peak of one whole training step (forward, backward, AdamW step, zero_grad) on `batch`, in
+    the final frozen set, the optimizer's state as training left it (slimfit.step_memory). The scheduler
+    does not step: its counts stay those of the run."""
     from slimfit import step_memory
 
     model.train()
-    return step_memory.measure_step(model, batch, optimizer,
-                                    after_step=scheduler.step if scheduler is not None else None).total
+    return step_memory.measure_step(model, batch, optimizer).total
 
 
 def _adamw(model, scheduler, lr: float):
