@@ -297,3 +297,17 @@ def test_softcap_option_checked():
     for bad in (0.0, -1.0, float("inf"), True, "30"):
         with pytest.raises(ValueError, match="softcap"):
             causal_lm_loss(hidden, weight, b, labels, softcap=bad)
+
+
+def test_softcap_saves_what_the_uncapped_loss_saves():
+    """Soft-capping adds no saved tensor: the tanh slope is recomputed per chunk in backward (the bytes are
+    the formula of test_no_rows_by_vocab_tensor_is_saved_and_bytes_are_the_formula)."""
+    hidden, weight, b, labels = _setup(bias=False)
+    valid = int((F.pad(labels, (0, 1), value=-100)[:, 1:] != -100).sum())
+    run = measure(lambda: causal_lm_loss(hidden, weight, None, labels, softcap=3.0), backward=True,
+                  exclude=(weight,))
+    assert run.total == valid * (H * 4 + 4 + 8) + 4 + valid * 8
+    weight.requires_grad_(False)
+    run = measure(lambda: causal_lm_loss(hidden, weight, None, labels, softcap=3.0), backward=True,
+                  exclude=(weight,))
+    assert run.total == valid * H * 4 + valid * 8
