@@ -40,7 +40,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
                     the share of steps it trained so far, capped at 1 / (1 - rate))
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
-  ...+q8 / +offload frozen layers' AdamW state held 8-bit / on the host (slimfit.optim.attach_frozen_state)
+  ...+q8 / +offload scheduler option frozen_state="compress" / "offload" (frozen layers' AdamW state held)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
@@ -176,7 +176,6 @@ def method_prepare(spec: str, steps: int = 0):
     if options and name not in SCHEDULED:
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
-    frozen_state = options.pop("frozen_state", None)
     sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
@@ -184,8 +183,7 @@ def method_prepare(spec: str, steps: int = 0):
         return prepare_preset(None, 0.0), False
     if name in ("exact", "paper", "aggressive") or name in VARIANTS:
         config = VARIANTS.get(name, name)
-        return prepare_preset(config, 0.9 if rate is None else rate, always_train, sched_kwargs, label=name,
-                              frozen_state=frozen_state), False
+        return prepare_preset(config, 0.9 if rate is None else rate, always_train, sched_kwargs, label=name), False
     if name in SAMPLED:
         return _prepare_sampled(0.9 if rate is None else rate, SAMPLED[name], always_train, sched_kwargs), False
     if name == "lora":

@@ -22,6 +22,7 @@ if __name__ == "__main__" and not __package__:  # file form: python bench/decode
     _shim.run_as_module(__file__)
 
 import argparse
+import copy
 import statistics
 import sys
 
@@ -34,13 +35,14 @@ FIELDS = ["method", "seed", "steps", "batch_size", "lr", "max_length", "n_train"
 
 
 def _method(spec: str) -> tuple[str | None, float, dict]:
-    """'full' -> (None, 0, {}); 'paper@0.7+q8' -> ('paper', 0.7, {'frozen_state': 'compress'})."""
-    base, *suffixes = spec.split("+")
-    if base == "full":
+    """'full' -> (None, 0, {}); 'paper@0.7+q8' -> ('paper', 0.7, {'frozen_state': 'compress'}): the accuracy
+    benchmark's spec names (bench/accuracy.parse_spec), the preset None for full fine-tuning."""
+    from bench.accuracy import parse_spec
+
+    name, rate, options = parse_spec(spec)
+    if name == "full":
         return None, 0.0, {}
-    preset, _, rate = base.partition("@")
-    options = {"frozen_state": "compress"} if "q8" in suffixes else {}
-    return preset, float(rate or 0.7), options
+    return name, 0.7 if rate is None else rate, options
 
 
 @torch.no_grad()
@@ -63,10 +65,9 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     enc = PromptEncoder(tokenizer, args.max_length)
     preset, rate, options = _method(spec)
     torch.manual_seed(seed)
-    model = _copy(base_model)
+    model = copy.deepcopy(base_model)
     model.train()
-    prepared = prepare_preset(preset, rate, scheduler_options=options)(model, seed) if preset else \
-        prepare_preset(None, 0.0)(model, seed)
+    prepared = prepare_preset(preset, rate, scheduler_options=options)(model, seed)
     measured = {}
 
     def evaluate(m):
@@ -83,12 +84,6 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
             "step_ms": f"{result.step_ms:.0f}", "frozen_share": f"{result.frozen_share:.3f}",
             "device": _results.device_name("cpu"), "torch": versions["torch"], "date": _results.now(),
             "commit": _results.commit_label()}
-
-
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
 
 
 def markdown(rows: list[dict]) -> str:

@@ -58,17 +58,21 @@ def headline(rows: dict) -> str:
             + "; ".join(parts) + ".")
 
 
-def table(rows: dict) -> str:
-    cases = [c for c in CASES if (c, "sdpa") in rows]
-    lines = ["| step peak, MiB (CPU, fp32) | " + " | ".join(CASES[c] for c in cases) + " |",
-             "|---|" + "---:|" * len(cases)]
+def _methods_table(title: str, columns: dict, rows: dict, cell, skip_empty: bool = False) -> str:
+    """One row per METHODS entry, one column per `columns` key that has an sdpa row; `cell(got, plain)`
+    the text of a measured cell ("-" when not measured); `skip_empty`: rows measured nowhere left out."""
+    shown = [c for c in columns if (c, "sdpa") in rows]
+    lines = [f"| {title} | " + " | ".join(columns[c] for c in shown) + " |", "|---|" + "---:|" * len(shown)]
     for method, label in METHODS.items():
-        cells = []
-        for case in cases:
-            peak = rows.get((case, method))
-            cells.append("-" if peak is None else f"{peak:,.0f} ({rows[(case, 'sdpa')] / peak:.2f}x)")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        cells = ["-" if (c, method) not in rows else cell(rows[(c, method)], rows[(c, "sdpa")]) for c in shown]
+        if not skip_empty or any(text != "-" for text in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table(rows: dict) -> str:
+    return _methods_table("step peak, MiB (CPU, fp32)", CASES, rows,
+                          lambda peak, plain: f"{peak:,.0f} ({plain / peak:.2f}x)")
 
 
 def _gpu_rows() -> dict:
@@ -88,18 +92,9 @@ def _gpu_rows() -> dict:
 
 
 def gpu_table(rows: dict) -> str:
-    columns = [c for c in GPU_COLUMNS if (c, "sdpa") in rows]
-    lines = ["| step peak MiB, step ms (NVIDIA H200) | " + " | ".join(GPU_COLUMNS[c] for c in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
-    for method, label in METHODS.items():
-        cells = []
-        for column in columns:
-            got, plain = rows.get((column, method)), rows[(column, "sdpa")]
-            cells.append("-" if got is None else
-                         f"{got[0]:,.0f} ({plain[0] / got[0]:.2f}x), {got[1]:,.0f} ms ({got[1] / plain[1]:.2f}x)")
-        if any(cell != "-" for cell in cells):
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _methods_table("step peak MiB, step ms (NVIDIA H200)", GPU_COLUMNS, rows,
+                          lambda got, plain: f"{got[0]:,.0f} ({plain[0] / got[0]:.2f}x), {got[1]:,.0f} ms "
+                                             f"({got[1] / plain[1]:.2f}x)", skip_empty=True)
 
 
 def render(text: str) -> str:

@@ -38,16 +38,15 @@ class Prepared:
     scheduler: object = None
     name: str = ""
     on_batch: Optional[Callable] = None
-    frozen_state: Optional[str] = None  # slimfit.optim.attach_frozen_state's mode for the scheduler's optimizer
 
 
 def prepare_preset(preset, rate: float, always_train=None, scheduler_options: dict | None = None,
-                   label: str | None = None, frozen_state: str | None = None) -> Callable:
+                   label: str | None = None) -> Callable:
     """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
     SlimFitConfig) + the scheduler at `rate`
     (`always_train`: module names the scheduler leaves out and trains every step; None, the scheduler's
-    default: the task head; () schedules it; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update;
-    `frozen_state`: "compress" or "offload", the frozen layers' AdamW state held by slimfit.optim)."""
+    default: the task head; () schedules it; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update
+    or frozen_state)."""
 
     def prepare(model, seed: int) -> Prepared:
         import slimfit
@@ -62,10 +61,8 @@ def prepare_preset(preset, rate: float, always_train=None, scheduler_options: di
         # the default (the task head trains every step) is said under the table; a choice is named here
         heads = list(scheduler.always_train) if always_train is not None else []
         extras = ([f"{'+'.join(heads)} always trains"] if heads else []) + [f"{k}={v}" for k, v in options.items()]
-        extras += [f"frozen AdamW state: {frozen_state}"] if frozen_state else []
         name = label or (preset if isinstance(preset, str) else "custom config")
-        return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras),
-                        frozen_state=frozen_state)
+        return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras))
 
     return prepare
 
@@ -174,10 +171,6 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
 
     model, scheduler = prepared.model, prepared.scheduler
     params, optimizer = _adamw(model, scheduler, lr)
-    if prepared.frozen_state:
-        from slimfit.optim import attach_frozen_state
-
-        attach_frozen_state(scheduler, optimizer, mode=prepared.frozen_state, seed=seed)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
 

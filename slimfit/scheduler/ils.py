@@ -52,7 +52,7 @@ from .candidates import (
 from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .extensions import frozen_state_factory
-from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer
+from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import compute_scores
 from .selection import choose_trained, num_frozen, starved_first, training_order
 from .sharded import is_sharded, local_tensor, sharded_scores
@@ -115,18 +115,6 @@ def _layer_bytes(cfg: SchedulerConfig, named: list, candidates: list) -> tuple[O
     if cfg.budget_bytes is not None:
         _budget.check_budget(bytes_, cfg.budget_bytes, base, [n for n, _ in named])
     return bytes_, base
-
-
-def _weak_call(method, default):
-    """`method` (a bound method) called through a weak reference to its object: `default` once it is gone.
-    The guard keeps this, not the method, so scheduler and guard are no reference cycle (see optim._WeakHook)."""
-    ref = weakref.WeakMethod(method)
-
-    def call():
-        bound = ref()
-        return default if bound is None else bound()
-
-    return call
 
 
 class _ApplyOnFirstForward:
@@ -301,7 +289,7 @@ class ILSScheduler:
         check_optimizer_coverage(optimizer, self.names, self.params)
         if self._guard is not None:
             self._guard.remove()
-        self._guard = FrozenGradGuard(optimizer, _weak_call(self._frozen_params, default=[]),
+        self._guard = FrozenGradGuard(optimizer, weak_method(self._frozen_params, default=[]),
                                       frozen_update=self.config.experimental.frozen_update)
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0

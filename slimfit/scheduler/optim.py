@@ -79,19 +79,18 @@ def _reads_grads_only(opt: torch.optim.Optimizer) -> bool:
     return not any(g.get("fused") or g.get("differentiable") for g in opt.param_groups)
 
 
-class _WeakHook:
-    """An optimizer hook that holds its guard weakly. A bound method would make the optimizer and the guard
-    (and through it the scheduler and the model's parameters) a reference cycle, which only the cyclic GC
-    frees: on a GPU, the memory of weights and optimizer state stays taken after `del` until it runs."""
+def weak_method(method, default=None) -> Callable:
+    """`method` (a bound method) called through a weak reference to its object; `default` once it is gone.
+    Hooks and callbacks between the optimizer, the guard and the scheduler hold each other this way: bound
+    methods would make them (and through the scheduler the model's parameters) a reference cycle, which only
+    the cyclic GC frees: on a GPU the memory of weights and optimizer state stays taken after `del` until then."""
+    ref = weakref.WeakMethod(method)
 
-    def __init__(self, guard: "FrozenGradGuard", method: str):
-        self._guard = weakref.ref(guard)
-        self._method = method
+    def call(*args):
+        bound = ref()
+        return default if bound is None else bound(*args)
 
-    def __call__(self, optimizer, args, kwargs):
-        guard = self._guard()
-        if guard is not None:
-            getattr(guard, self._method)(optimizer, args, kwargs)
+    return call
 
 
 class FrozenGradGuard:
@@ -111,8 +110,8 @@ class FrozenGradGuard:
         self.momentum_updates = 0  # frozen parameters moved by their moments (frozen_update="momentum")
         self._zero_filled: list = []
         self._shared_zeros: dict = {}
-        self._pre = self.optimizer.register_step_pre_hook(_WeakHook(self, "_pre_hook"))
-        self._post = self.optimizer.register_step_post_hook(_WeakHook(self, "_post_hook"))
+        self._pre = self.optimizer.register_step_pre_hook(weak_method(self._pre_hook))
+        self._post = self.optimizer.register_step_post_hook(weak_method(self._post_hook))
 
     def _zeros(self, p: torch.Tensor) -> torch.Tensor:
         if not _reads_grads_only(self.optimizer):
