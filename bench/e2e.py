@@ -175,7 +175,9 @@ def build_method(arch, method: Method, device: str):
     if method.scheduler:
         from slimfit.scheduler import ILSScheduler
 
-        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, seed=0)
+        # the optimizer's state as AdamW makes it (the rows before the scheduler's default held frozen
+        # layers' state 8-bit); that default's whole step is bench/frontier.py's slimfit-* rows
+        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, seed=0, frozen_state=None)
     return model, scheduler, on_step
 
 

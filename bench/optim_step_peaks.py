@@ -21,7 +21,7 @@ import argparse
 import torch
 
 from bench import _measure
-from slimfit.optim import attach_frozen_state, step_in_backward
+from slimfit.optim import step_in_backward
 from slimfit.scheduler import ILSScheduler
 
 ROWS = {  # name: (optimizer keywords, frozen state mode or None, step in backward)
@@ -47,9 +47,7 @@ def measure_row(arch: str, batch: int, seq: int, rate: float, kwargs: dict, mode
     # prime=False: the state measured is what the two trained steps left (some of it compressed), not made up
     setup = _measure.Setup(model, _measure.inputs(model, arch, batch, seq), optimizer=opt, prime=False)
     setup.step()                                    # every layer trains once: real state everywhere
-    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt)
-    if mode is not None:
-        attach_frozen_state(sched, opt, mode=mode)
+    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=mode)
     setup.after_step = sched.step
     setup.step()
     run = _measure.measure(setup, _measure.What(saved=False)).peak

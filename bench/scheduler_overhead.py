@@ -53,10 +53,11 @@ def hidden_states_loss(out):
     return out.last_hidden_state.float().pow(2).mean() + out.pooler_output.float().pow(2).mean()
 
 
-def run_config(device, rate, score, args):
+def run_config(device, rate, score, args, frozen_state="auto"):
     model, batch = build(device, args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
-    sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt,
+                         frozen_state=None if frozen_state == "none" else frozen_state)
     setup = _measure.Setup(model, batch, optimizer=opt, loss_fn=hidden_states_loss)
     train, step = _measure.time_interleaved(setup, [sched.step], warmup=args.warmup, reps=args.steps)
     n_trained = sched.num_layers - sched.num_frozen
@@ -83,6 +84,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rates", default="0.0,0.5,0.9")
     p.add_argument("--scores", default="relative,robust")
+    p.add_argument("--frozen-states", default="auto",
+                   help="the scheduler's frozen_state per row: auto (the default: frozen layers' AdamW state "
+                        "8-bit, encoded and decoded inside step()), none, compress, offload; comma-separated")
     p.add_argument("--out", default=None, help="CSV path (default bench/results/scheduler_overhead_<cpu|gpu>.csv)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -96,18 +100,22 @@ def main(argv=None):
     dname = device_name(device)
     print(f"# scheduler overhead: BERT L={args.layers} H={args.hidden} batch={args.batch} seq={args.seq} fp32 "
           f"AdamW, on {dname}, torch {ver['torch']}, {now()}")
-    hdr = f"{'rate':>5} {'score':>9} {'trained':>9} {'train ms':>10} {'sched ms':>9} {'isolated':>9} {'ratio':>8}"
+    hdr = (f"{'rate':>5} {'score':>9} {'frozen st':>9} {'trained':>9} {'train ms':>10} {'sched ms':>9} "
+           f"{'isolated':>9} {'ratio':>8}")
     print(hdr)
     rows = []
     for rate in [float(r) for r in args.rates.split(",")]:
         for score in args.scores.split(","):
-            r = run_config(device, rate, score, args)
-            print(f"{rate:>5.2f} {score:>9} {r['n_trained']:>4}/{r['layers']:<4} {r['train_step_ms']:>10.1f} "
-                  f"{r['sched_step_ms']:>9.2f} {r['sched_isolated_ms']:>9.2f} {r['ratio_pct']:>7.2f}%")
-            rows.append({"date": now(), "device": device.type, "device_name": dname, "torch": ver["torch"],
-                         "cuda": ver["cuda"], "model": f"bert-L{args.layers}-H{args.hidden}", "batch": args.batch,
-                         "seq": args.seq, "freeze_rate": rate, "score": score, **{
-                             k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
+            for frozen_state in args.frozen_states.split(","):
+                r = run_config(device, rate, score, args, frozen_state)
+                print(f"{rate:>5.2f} {score:>9} {frozen_state:>9} {r['n_trained']:>4}/{r['layers']:<4} "
+                      f"{r['train_step_ms']:>10.1f} {r['sched_step_ms']:>9.2f} {r['sched_isolated_ms']:>9.2f} "
+                      f"{r['ratio_pct']:>7.2f}%")
+                rows.append({"date": now(), "device": device.type, "device_name": dname, "torch": ver["torch"],
+                             "cuda": ver["cuda"], "model": f"bert-L{args.layers}-H{args.hidden}",
+                             "batch": args.batch, "seq": args.seq, "freeze_rate": rate, "score": score,
+                             "frozen_state": frozen_state, **{
+                                 k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
     write_rows(out, rows)
     print(f"# wrote {out}")
     return rows

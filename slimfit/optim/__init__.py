@@ -23,9 +23,9 @@ from .frozen_state import MODES, FrozenState, attach_frozen_state
 from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
 
 # SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached; the rounding
-# seeds follow the scheduler's seed (a run's seed)
+# seeds follow the run's seed (rank 0's under torch.distributed, so that every replica rounds alike)
 register_frozen_state(lambda scheduler, optimizer, mode: attach_frozen_state(scheduler, optimizer, mode=mode,
-                                                                             seed=scheduler.config.seed % 2**62))
+                                                                             seed=scheduler.run_seed % 2**62))
 
 __all__ = [
     "FrozenState", "attach_frozen_state", "MODES", "restore_state", "encode", "decode", "encoded_nbytes",

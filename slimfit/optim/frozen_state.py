@@ -21,7 +21,7 @@ still held and a gradient is restored just before that step when it requires gra
 hand); when it is frozen (a zero-filled gradient) its gradient is dropped instead, as the scheduler's guard does.
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt, frozen_state=None)
     frozen_state = attach_frozen_state(sched, opt, mode="compress")
 
 With ``between_steps=True`` and an optimizer from ``step_in_backward`` the state of the trained layers is
@@ -29,13 +29,15 @@ held too, between their own steps: each parameter's state is put back right befo
 and held again right after it, so one parameter's state is resident in full at a time (an 8-bit AdamW made
 of slimfit's kernels, when compressing).
 
-Off by default (opt-in): what compressed state does to accuracy is measured on the accuracy protocols
-(docs/optim.md).
+The scheduler attaches one by default (``SchedulerConfig.frozen_state="auto"``: compress), chosen by what it
+does to accuracy on the accuracy protocols (docs/fidelity.md); by hand, build the scheduler with
+``frozen_state=None`` first (two holders on one scheduler are refused).
 """
 from __future__ import annotations
 
 import hashlib
 import numbers
+import weakref
 
 import torch
 
@@ -71,7 +73,10 @@ class FrozenState:
     def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
                  seed: int = 0, between_steps: bool = False):
         _check_options(mode, group_size, seed)
-        self.optimizer = unwrap_optimizer(optimizer)
+        # Weak: the optimizer's hooks hold this object, so a strong reference back would be a cycle that keeps
+        # the optimizer (and the model) alive after the user's last reference goes (tests/test_no_reference_cycles.py).
+        # The hooks keep this object alive exactly as long as the optimizer.
+        self._optimizer_ref = weakref.ref(unwrap_optimizer(optimizer))
         self.between_steps = bool(between_steps)
         if self.between_steps and not hasattr(self.optimizer, "register_param_step_post_hook"):
             raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
@@ -88,6 +93,13 @@ class FrozenState:
         self._handles = checkpoint.install(self) + [self._install_step_hook()]
 
     # ------------------------------------------------------------------ public
+    @property
+    def optimizer(self):
+        optimizer = self._optimizer_ref()
+        if optimizer is None:
+            raise RuntimeError("FrozenState: its optimizer no longer exists (nothing is held any more)")
+        return optimizer
+
     def attach(self, scheduler) -> "FrozenState":
         """Follow ``scheduler`` (an ILSScheduler): its frozen-set hook calls freeze and thaw from now on
         (at once for the set in force). The experimental ``frozen_update="momentum"`` moves frozen layers by
@@ -96,6 +108,13 @@ class FrozenState:
             raise ValueError("FrozenState: the scheduler's frozen_update='momentum' steps frozen layers with their "
                              "moments every step, so their optimizer state must stay resident; use the default "
                              "frozen_update='none' with compressed or offloaded frozen state")
+        own = getattr(scheduler, "_frozen_state", None)
+        if own is not None and own is not self:
+            raise ValueError(f"FrozenState: this scheduler already holds its frozen layers' optimizer state "
+                             f"(SchedulerConfig.frozen_state={scheduler.config.frozen_state!r}, mode "
+                             f"{own.mode!r}); two holders would hold the same state twice. Choose the mode there "
+                             "(ILSScheduler(..., frozen_state='offload')), or build the scheduler with "
+                             "frozen_state=None to attach your own")
         if self._scheduler_handle is not None:
             self._scheduler_handle.remove()
         self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)

@@ -22,8 +22,15 @@ SECOND_MOMENTS = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum",
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _plain(t) -> bool:
+    """A plain tensor: torch.Tensor itself, or the fake tensor standing for one (slimfit.plan's prediction)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return type(t) is torch.Tensor or type(t) is FakeTensor
+
+
 def _dense_like(t, p: torch.Tensor) -> bool:
-    return type(t) is torch.Tensor and t.shape == p.shape and t.dim() > 0 and t.device == p.device
+    return _plain(t) and t.shape == p.shape and t.dim() > 0 and t.device == p.device
 
 
 def compress_transform(key, t, p: torch.Tensor) -> bool | None:

@@ -13,8 +13,9 @@ The step is the one of a run in its steady state, as a user writes it:
      does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
      step after the first;
   3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
-     first frozen set is applied, its weight snapshots of the trained layers are live, and its step() runs
-     after the optimizer's (scores, next frozen set).
+     first frozen set is applied (the frozen layers' moments held 8-bit: its default frozen_state), its
+     weight snapshots of the trained layers are live, and its step() runs after the optimizer's (scores, next
+     frozen set).
 """
 from __future__ import annotations
 

@@ -50,8 +50,10 @@ UPDATE_SCALES = ("none", "share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
 RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel")
-# frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState).
+# frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState);
+# "auto" is "compress" unless the experimental frozen_update="momentum" reads that state every step.
 FROZEN_STATES = ("compress", "offload")
+FROZEN_STATE_AUTO = "auto"
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
 
@@ -248,7 +250,8 @@ _CHECKS = {
     "base_bytes": lambda c, v: _real(_C, "base_bytes", v, "a finite number of bytes >= 0", lambda b: b >= 0, 0),
     "release_state_after": lambda c, v: _int(_C, "release_state_after", v, 1, "consecutive frozen steps", 50,
                                              optional=True),
-    "frozen_state": lambda c, v: None if v is None else _choice(_C, "frozen_state", v, FROZEN_STATES),
+    "frozen_state": lambda c, v: None if v is None else _choice(_C, "frozen_state", v,
+                                                                (FROZEN_STATE_AUTO,) + FROZEN_STATES),
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
@@ -328,6 +331,8 @@ class SchedulerConfig:
     frozen_state       with an attached optimizer, hold the frozen layers' optimizer state while they are
                        frozen: "compress" (moments 8-bit, 3.76x fewer bytes, lossy) or "offload" (to host
                        memory; on a GPU, lossless); None keeps it as the optimizer made it (docs/optim.md).
+                       "auto" (default): "compress", or None under experimental frozen_update="momentum";
+                       measured neutral on the accuracy protocols (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -352,7 +357,7 @@ class SchedulerConfig:
     budget_bytes: Optional[float] = None
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
-    frozen_state: Optional[str] = None
+    frozen_state: Optional[str] = FROZEN_STATE_AUTO
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
@@ -366,7 +371,7 @@ class SchedulerConfig:
             raise ValueError("SchedulerConfig: memory_aware=True and budget_bytes need activation_bytes (a dict "
                              "name -> bytes or a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) "
                              "measures them")
-        if self.frozen_state is not None and self.experimental.frozen_update != "none":
+        if self.frozen_state in FROZEN_STATES and self.experimental.frozen_update != "none":
             raise ValueError(f"SchedulerConfig: frozen_state={self.frozen_state!r} holds the frozen layers' optimizer "
                              "state, while experimental frozen_update='momentum' steps them with it every step; "
                              "keep one (frozen_state=None for the momentum runs)")
@@ -382,6 +387,14 @@ class SchedulerConfig:
         if kinds is None:
             kinds = ALL_KINDS if self.layers is not None else DEFAULT_SCHEDULED_KINDS
         return KINDS if kinds == ALL_KINDS else kinds
+
+    @property
+    def frozen_state_mode(self) -> Optional[str]:
+        """How the frozen layers' optimizer state is held: frozen_state with "auto" resolved ("compress",
+        or None under the experimental frozen_update="momentum", which steps frozen layers with that state)."""
+        if self.frozen_state != FROZEN_STATE_AUTO:
+            return self.frozen_state
+        return "compress" if self.experimental.frozen_update == "none" else None
 
     @property
     def effective_score(self) -> str:
@@ -473,6 +486,8 @@ class SchedulerConfig:
                              f"version?); known fields: {sorted(_SHORTHAND)}")
         if isinstance(values.get("experimental"), Mapping):
             values["experimental"] = _experimental_from_dict(values["experimental"])
+        # Saved before the field existed: such a run held no frozen state, and a resumed one keeps to that.
+        values.setdefault("frozen_state", None)
         values.update(changes)
         lost = sorted(k for k, v in values.items() if isinstance(v, str) and v == NOT_SAVED)
         if lost:

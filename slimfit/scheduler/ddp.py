@@ -108,18 +108,19 @@ class DistSync:
         self.backend = str(dist.get_backend(group))
         self.src = dist.get_global_rank(group, 0) if group is not None else 0
 
-    def init_check(self, digest: str, init_scores: torch.Tensor) -> torch.Tensor:
-        """Same layers on every rank (else raise everywhere), and rank 0's initial scores."""
+    def init_check(self, digest: str, init_scores: torch.Tensor, seed: int) -> tuple:
+        """Same layers on every rank (else raise everywhere), and rank 0's initial scores and seed (what
+        follows the seed, such as the frozen state's rounding, must agree between ranks too)."""
         world = self.dist.get_world_size(self.group)
         gathered: list = [None] * world
-        self.dist.all_gather_object(gathered, (digest, init_scores.tolist()), group=self.group)
+        self.dist.all_gather_object(gathered, (digest, init_scores.tolist(), int(seed)), group=self.group)
         digests = [g[0] for g in gathered]
         if len(set(digests)) != 1:
             bad = [r for r, d in enumerate(digests) if d != digests[0]]
             raise RuntimeError(
                 f"ILS under torch.distributed: the candidate layers differ between ranks (ranks {bad} differ "
                 "from rank 0); every rank must build the scheduler on the same model")
-        return torch.tensor(gathered[0][1], dtype=torch.float64)
+        return torch.tensor(gathered[0][1], dtype=torch.float64), gathered[0][2]
 
     def _device_ok(self, t: torch.Tensor) -> bool:
         if t.device.type == "cpu":

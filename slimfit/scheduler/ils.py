@@ -191,10 +191,13 @@ class ILSScheduler:
         gen = torch.Generator().manual_seed(self.config.seed)
         init = INIT_LO * (1.0 + torch.rand(L, generator=gen, dtype=torch.float64))
         self._dist: Optional[DistSync] = None
+        # The seed of the run: rank 0's under torch.distributed (what draws from it must agree between ranks).
+        self.run_seed = self.config.seed
         active, group = resolve_group(self.config.distributed, self.config.process_group)
         if active:
             self._dist = DistSync(group)
-            init = self._dist.init_check(names_digest(self.names, [tuple(p.shape) for p in self.params]), init)
+            init, self.run_seed = self._dist.init_check(
+                names_digest(self.names, [tuple(p.shape) for p in self.params]), init, self.config.seed)
         self._scores = init
         # FSDP2 (fully_shard): parameters are DTensors; scores come from per-shard sums (sharded.py).
         self._sharded = any(is_sharded(p) for p in self.params)
@@ -304,13 +307,14 @@ class ILSScheduler:
         if self._frozen_state is not None:
             self._frozen_state.remove()
             self._frozen_state = None
-        if self.config.frozen_state is None:
+        mode = self.config.frozen_state_mode
+        if mode is None:
             return
         factory = frozen_state_factory()
         if factory is None:
             raise RuntimeError("SchedulerConfig.frozen_state is held by slimfit.optim, which is not loaded: "
                                "import slimfit.optim (import slimfit does), or pass frozen_state=None")
-        self._frozen_state = factory(self, optimizer, self.config.frozen_state)
+        self._frozen_state = factory(self, optimizer, mode)
 
     def register_frozen_set_hook(self, hook) -> RemovableHandle:
         """Call ``hook(frozen, trained)`` (two lists of parameters) every time a frozen set is applied to

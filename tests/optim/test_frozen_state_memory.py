@@ -14,18 +14,18 @@ def _measured(mode):
     sets with and without compressed state (which changes the weights' path, hence the scores)."""
     model = build(0, d=256, depth=4)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
     frozen_state = attach_frozen_state(sched, opt, mode=mode) if mode else None
     batch = data()
     train(model, opt, batch, 4, sched=sched)
     frozen = [p for p in frozen_params(sched) if p in opt.state]
     run = measure_step(model, lambda: loss_of(model, batch), opt)
-    return run, frozen, frozen_state
+    return run, frozen, frozen_state, opt   # FrozenState holds its optimizer weakly: the caller keeps it
 
 
 def test_compressed_frozen_state_saves_what_the_format_says():
-    plain, frozen, _ = _measured(None)
-    comp, frozen_c, frozen_state = _measured("compress")
+    plain, frozen, _, _ = _measured(None)
+    comp, frozen_c, frozen_state, _opt = _measured("compress")
     assert [p.shape for p in frozen] == [p.shape for p in frozen_c] and frozen
     full = sum(8 * p.numel() for p in frozen)                          # exp_avg + exp_avg_sq, fp32
     held = sum(2 * encoded_nbytes(p.numel()) for p in frozen)
@@ -38,7 +38,7 @@ def test_compressed_frozen_state_saves_what_the_format_says():
 
 def test_offload_on_the_cpu_saves_nothing():
     """On a CPU-only machine the "host" copy lives in the same memory: the optimizer state is as large."""
-    plain, _, _ = _measured(None)
-    off, frozen, frozen_state = _measured("offload")
+    plain, _, _, _ = _measured(None)
+    off, frozen, frozen_state, _opt = _measured("offload")
     assert frozen_state.held_nbytes() == sum(8 * p.numel() for p in frozen)
     assert off.optimizer_state == plain.optimizer_state and off.total == plain.total
