@@ -7,15 +7,16 @@
 predict.py runs the step on fake tensors under slimfit.step_memory's tracker (docs/plan.md says why and how
 exact); step.py builds the step, the same for the prediction and the measurement; search.py finds the fastest
 configuration under a budget (cost.py: the time model) and code.py prints it as code to paste; budget.py
-gives ILSScheduler(budget_bytes=...) the per-layer bytes; cli.py is the command.
+gives ILSScheduler(budget_bytes=...) the per-layer bytes, and rate_bound the most any frozen set at a rate can
+take; cli.py is the command.
 """
 from __future__ import annotations
 
-from .budget import layer_bytes, scheduler_budget
+from .budget import layer_bytes, rate_bound, scheduler_budget
 from .models import ModelRef, resolve_model
 from .predict import Prediction, predict
 from .spec import StepSpec
 from .step import measure, open_step
 
 __all__ = ["StepSpec", "ModelRef", "resolve_model", "Prediction", "predict", "measure", "open_step",
-           "scheduler_budget", "layer_bytes"]
+           "scheduler_budget", "layer_bytes", "rate_bound"]

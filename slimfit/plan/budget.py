@@ -4,12 +4,14 @@ base_bytes + sum(bytes of the trained layers) <= budget_bytes at every step (sli
     budget = scheduler_budget(StepSpec("bert-base", batch=8, seq=256, preset="paper", rate=0.7), 20 * 2**30)
     scheduler = ILSScheduler(model, freeze_rate=0.7, optimizer=optimizer, **budget)
 
-base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, slimfit.plan.predict).
+base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, slimfit.plan.predict),
+their optimizer state held as the scheduler holds a frozen layer's (8-bit by default: its frozen_state).
 A layer's bytes: what training it can add to the peak, each counted whole although they peak at different
-times: its gradient, the scheduler's snapshot of its weight, and its input at full precision (what a
+times: its gradient, the scheduler's snapshot of its weight, its input at full precision (what a
 plain linear saves for the weight gradient; slimfit's presets save it compressed, and Q/K/V share one
-input, so this overstates). Each term bounds the layer's share from above, so base + the sum bounds the
-peak of any trained set: the budget holds for the frozen sets of later steps too, not only the first.
+input, so this overstates), and what its optimizer state grows by when it is back in full. Each term
+bounds the layer's share from above, so base + the sum bounds the peak of any trained set: the budget holds
+for the frozen sets of later steps too, not only the first (rate_bound: the same at a freeze rate).
 The scheduler needed no change: its activation_bytes / base_bytes / budget_bytes take these numbers as
 they are (its docstring's "activation bytes" are, here, all the bytes a trained layer costs).
 """
@@ -18,12 +20,28 @@ from __future__ import annotations
 from .models import ModelRef, resolve_model
 from .spec import StepSpec
 
-__all__ = ["layer_bytes", "scheduler_budget"]
+__all__ = ["layer_bytes", "scheduler_budget", "rate_bound"]
+
+
+def _held_growth(optimizer, p) -> int:
+    """Bytes the optimizer state of ``p`` grows by when it comes back in full from 8-bit (the base step holds
+    every scheduled layer's state as the scheduler does; a trained layer has it in full); 0 when none is held."""
+    import math
+
+    from ..optim.codec import encoded_nbytes
+    from ..optim.keys import held_key
+
+    grow = 0
+    for key, value in (optimizer.state.get(p) or {}).items():
+        if held_key(key) and isinstance(value, dict):
+            numel = math.prod(value["shape"])
+            grow += numel * value["dtype"].itemsize - encoded_nbytes(numel, int(value["group_size"]))
+    return grow
 
 
 def layer_bytes(spec: StepSpec, ref: ModelRef | None = None) -> dict[str, int]:
-    """{scheduled layer name: gradient + snapshot + full-precision input bytes} for the spec's model and batch
-    (computed on fake tensors)."""
+    """{scheduled layer name: gradient + snapshot + full-precision input bytes + what its held optimizer state
+    grows by in full} for the spec's model and batch (computed on fake tensors)."""
     import torch
 
     from ..scheduler import estimate_activation_bytes
@@ -37,7 +55,7 @@ def layer_bytes(spec: StepSpec, ref: ModelRef | None = None) -> dict[str, int]:
         with fake, PlanMode(numbers=False), torch.no_grad():
             inputs = estimate_activation_bytes(step.model, **step.inputs)
         return {n: 2 * params[n].numel() * params[n].element_size() + int(inputs.get(n, 0))
-                for n in step.scheduled}
+                + _held_growth(step.optimizer, params[n]) for n in step.scheduled}
 
 
 def scheduler_budget(spec: StepSpec, budget_bytes: float, ref: ModelRef | None = None) -> dict:
@@ -50,3 +68,20 @@ def scheduler_budget(spec: StepSpec, budget_bytes: float, ref: ModelRef | None =
     ref = ref or resolve_model(spec.model, spec.task)
     base = predict(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
     return {"budget_bytes": float(budget_bytes), "activation_bytes": layer_bytes(spec, ref), "base_bytes": float(base)}
+
+
+def rate_bound(spec: StepSpec, ref: ModelRef | None = None) -> int:
+    """An upper bound on the step peak of any frozen set the scheduler can choose at the spec's rate (a rate
+    step's peak moves with its trained set; slimfit.plan.predict gives the first set's): the all-frozen
+    peak plus the bytes of the largest layers, as many as train in a step (the same per-layer bounds as the
+    budget mode's). Under budget mode (budget_bytes), the budget itself bounds every step."""
+    from ..scheduler.selection import num_frozen
+    from .predict import predict
+
+    if not spec.rate:
+        raise ValueError("rate_bound: the spec has no freeze rate, so every step trains the same layers")
+    ref = ref or resolve_model(spec.model, spec.task)
+    base = predict(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
+    per_layer = sorted(layer_bytes(spec, ref).values(), reverse=True)
+    trained = len(per_layer) - num_frozen(spec.rate, len(per_layer))
+    return base + sum(per_layer[:trained])

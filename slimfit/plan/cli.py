@@ -167,7 +167,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.fit is not None:
             return _fit(args)
-        print(report(predict(_spec(args))))
+        spec = _spec(args)
+        print(report(predict(spec)))
+        if spec.rate and spec.budget_bytes is None:
+            from .budget import rate_bound
+
+            print(f"any later step at rate {spec.rate:g} (another trained set): at most {_size(rate_bound(spec))} "
+                  "(the all-frozen peak plus the largest layers' bytes as many as train; docs/plan.md). To hold "
+                  "a budget at every step: --fit, or ILSScheduler(budget_bytes=...)")
     except (ValueError, TypeError) as exc:
         print(f"slimfit plan: {exc}", file=sys.stderr)
         return 2

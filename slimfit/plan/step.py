@@ -164,8 +164,14 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options)
     names = tuple(scheduler.names)
     if freeze_all:
+        mode = scheduler.config.frozen_state_mode
         scheduler.close()
         archs.set_frozen(model, names)
+        if mode is not None:  # their state held as the scheduler would hold it (budget.py's base)
+            from ..optim import FrozenState
+
+            params = dict(model.named_parameters())
+            FrozenState(optimizer, mode, seed=spec.seed).freeze([params[n] for n in names if n in params])
         return None, names
     scheduler.attach_optimizer(optimizer)
     scheduler.apply()

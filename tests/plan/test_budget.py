@@ -32,3 +32,28 @@ def test_a_budget_mode_step_fits_when_measured(extra):
 def test_no_scheduler_no_budget():
     with pytest.raises(ValueError, match="no freeze rate"):
         scheduler_budget(SPEC.replace(rate=0.0), 2**30)
+
+
+def test_the_rate_bound_holds_for_the_frozen_sets_of_later_steps():
+    """A rate step's peak moves with its trained set: measured over steps whose sets change, each is at most
+    rate_bound (and the first at least the first step's prediction, which the bound must not undercut)."""
+    from slimfit import step_memory
+    from slimfit.plan import open_step, rate_bound
+
+    bound = rate_bound(SPEC)
+    assert bound >= predict(SPEC).total
+    peaks, sets = [], set()
+    with open_step(SPEC) as step:
+        for _ in range(6):
+            sets.add(tuple(step.scheduler.frozen_names()))
+            run = step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step)
+            peaks.append(run.total)
+    assert len(sets) > 1
+    assert max(peaks) <= bound, (peaks, bound)
+
+
+def test_no_scheduler_no_rate_bound():
+    from slimfit.plan import rate_bound
+
+    with pytest.raises(ValueError, match="no freeze rate"):
+        rate_bound(SPEC.replace(rate=0.0))
