@@ -22,8 +22,7 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
                         frozen_state "auto": the frozen layers' AdamW state held 8-bit while they are frozen),
                         AdamW over every parameter
   slimfit-exact-fullstate / -paper-fullstate / -aggressive-fullstate   the same with frozen_state=None: a
-                        frozen layer keeps the state it made when it trained, in full (the scheduler's default
-                        until 2026-11-26: rows measured before then under the plain names are these)
+                        frozen layer keeps the state it made when it trained, in full
   slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
   slimfit-paper+lora+ckpt  the same with gradient checkpointing
   slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit (its 8-bit state left as it is)

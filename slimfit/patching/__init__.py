@@ -8,7 +8,7 @@ import warnings
 from torch import nn
 
 from ..config import SlimFitConfig
-from . import attention_routes, handlers, torch_attention
+from . import attention_routes, disentangled, handlers, torch_attention
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
@@ -175,6 +175,8 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
     options = AttentionOptions.from_config(config)
     saving = config.attention
     for name, module in found:
+        if _patch_disentangled(name, module, options, summary):
+            continue
         handlers.swap(module, attention_routes.AttentionMixin, None)
         setattr(module, attention_routes.ATTENTION_OPTIONS, options)
         setattr(module, attention_routes.CALLS, attention_routes.AttentionCalls())
@@ -182,6 +184,27 @@ def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSumm
         summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
         summary.attention_modules.append((name, module))
     return current
+
+
+def _patch_disentangled(name: str, module: nn.Module, options, summary: PatchSummary) -> bool:
+    """DeBERTa's disentangled self-attention inside `module` through slimfit's core (disentangled.py), when
+    its patch-time probe agrees; False (the module routed as any other) when there is none or it differs."""
+    child = disentangled.disentangled_child(module)
+    if child is None:
+        return False
+    child_name, child = child
+    full_name = f"{name}.{child_name}" if name else child_name
+    disentangled.install(child, options)
+    why = disentangled.verify_disentangled(child)
+    if why is not None:
+        handlers.unswap(child)
+        for attr in (attention_routes.ATTENTION_OPTIONS, attention_routes.CALLS):
+            vars(child).pop(attr, None)
+        summary.skipped.append((full_name, type(child).__name__, why))
+        return False
+    summary.patched.append((full_name, "attention", f"disentangled: qkv {options.qkv_bits or 'full'}, P recomputed"))
+    summary.attention_modules.append((full_name, child))
+    return True
 
 
 def _attention_modules(model: nn.Module, keep) -> list:
