@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 from ..autograd.norm_cache import NormCache
@@ -34,6 +35,7 @@ from .modules import (
     LayerNormMixin,
     LayerScaleMixin,
     LinearMixin,
+    ParamFreeLayerNormMixin,
     ReLUMixin,
     RMSNormMixin,
     SiLUMixin,
@@ -350,6 +352,30 @@ def _verify_rmsnorm(ctx: PatchContext, module) -> str | None:
     return _RMSNORM_UNKNOWN
 
 
+# Epsilons a parameter-free LayerNorm may hard-code (OLMo: 1e-5); the probe keeps the one that agrees.
+PARAM_FREE_EPSILONS = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7)
+
+
+def _is_param_free_layernorm(module, ctx) -> bool:
+    """A leaf with a `normalized_shape` of one dimension and no parameters or buffers (OLMo's LayerNorm)."""
+    shape = getattr(module, "normalized_shape", None)
+    return (isinstance(shape, tuple) and len(shape) == 1 and isinstance(shape[0], int)
+            and not any(True for _ in module.children()) and not any(True for _ in module.parameters())
+            and not any(True for _ in module.buffers()))
+
+
+def _verify_param_free_layernorm(ctx: PatchContext, module) -> str | None:
+    """The epsilon at which the fp32 LayerNorm formula agrees with the module on fp32 and bf16 probes."""
+    original, opts = vars(module)[ORIGINAL_CLASS], getattr(module, OPTIONS)
+    like = torch.empty(0)
+    probes = [probe_input(module.normalized_shape[0], like.to(dtype)) for dtype in (torch.float32, torch.bfloat16)]
+    for eps in PARAM_FREE_EPSILONS:
+        setattr(module, OPTIONS, dataclasses.replace(opts, eps=eps))
+        if all(agrees(module, original, x) for x in probes):
+            return None
+    return "LayerNorm-shaped without weight, but its output differs from the fp32 LayerNorm formula: left as is"
+
+
 def _rmsnorm_mode(ctx: PatchContext, opts: NormOptions) -> str:
     return _norm_mode(ctx, opts) + (", weight 1 + w" if opts.weight_offset else "")
 
@@ -424,6 +450,11 @@ HANDLERS: list = [
     Handler("layernorm", lambda module, ctx: type(module) is nn.LayerNorm, LayerNormMixin,
             lambda ctx, name, module: NormOptions.from_config(ctx.config), _norm_mode,
             skip=lambda ctx, module: "layernorm saves in full" if ctx.norms_full else None),
+    Handler("layernorm", _is_param_free_layernorm, ParamFreeLayerNormMixin,
+            lambda ctx, name, module: NormOptions.from_config(ctx.config),
+            lambda ctx, opts: f"no weight (eps {opts.eps:g}): x̂ {opts.save_frozen}",
+            skip=lambda ctx, module: "layernorm saves in full" if ctx.norms_full else None,
+            verify=_verify_param_free_layernorm),
     Handler("rmsnorm", _is_rmsnorm, RMSNormMixin, _rmsnorm_options, _rmsnorm_mode,
             skip=lambda ctx, module: ("layernorm saves in full (RMSNorm saved as in PyTorch)" if ctx.norms_full
                                       else None),

@@ -230,6 +230,19 @@ class LayerNormMixin:
         return autograd.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, options=kernel)
 
 
+class ParamFreeLayerNormMixin:
+    """A LayerNorm without weight or bias (OLMo's), computed in fp32 and cast back as such norms do: saves x̂
+    compressed as a frozen LayerNorm's and rstd; its epsilon is the one the patch-time probe found."""
+
+    def forward(self, x):
+        if not _needs_grad(self, x):
+            return _original_forward(self, x)
+        opts = getattr(self, OPTIONS)
+        y = autograd.layer_norm(x.to(torch.float32), self.normalized_shape, None, None, opts.eps,
+                                options=opts.kernel(False))
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
 class DropoutMixin:
     """Dropout whose mask is regenerated from a seed (0 bytes) or saved at 1 bit per element.
 

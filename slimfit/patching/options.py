@@ -135,6 +135,7 @@ class NormOptions:
     check_finite: bool = False
     eps_attribute: str = "variance_epsilon"
     weight_offset: float = 0.0
+    eps: float | None = None   # a norm whose epsilon is a constant in its code (found by the patch-time probe)
     trainable: autograd.LayerNormOptions = field(init=False, repr=False, compare=False)
     frozen: autograd.LayerNormOptions = field(init=False, repr=False, compare=False)
 
