@@ -41,7 +41,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     the share of steps it trained so far, capped at 1 / (1 - rate))
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+q8 / +offload scheduler option frozen_state="compress" / "offload" (frozen layers' AdamW state held);
-                    without either, frozen_state=None (the scheduler's default "auto" is +q8)
+                    without either, frozen_state=None (the scheduler's default, said explicitly)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
@@ -178,8 +178,7 @@ def method_prepare(spec: str, steps: int = 0):
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
     sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
-    # A spec names what it holds: the frozen layers' optimizer state as AdamW made it unless +q8 / +offload
-    # (the rows measured before the scheduler's default became "auto" keep their meaning).
+    # A spec names what it holds: the frozen layers' optimizer state as AdamW made it unless +q8 / +offload.
     sched_kwargs.setdefault("frozen_state", None)
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)

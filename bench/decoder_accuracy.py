@@ -42,7 +42,7 @@ def _method(spec: str) -> tuple[str | None, float, dict]:
     name, rate, options = parse_spec(spec)
     if name == "full":
         return None, 0.0, {}
-    # frozen_state=None unless +q8 / +offload, as in bench/accuracy.py (the scheduler's default is +q8)
+    # frozen_state=None unless +q8 / +offload, as in bench/accuracy.py
     return name, 0.7 if rate is None else rate, {"frozen_state": None, **options}
 
 

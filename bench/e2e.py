@@ -175,8 +175,8 @@ def build_method(arch, method: Method, device: str):
     if method.scheduler:
         from slimfit.scheduler import ILSScheduler
 
-        # the optimizer's state as AdamW makes it (the rows before the scheduler's default held frozen
-        # layers' state 8-bit); that default's whole step is bench/frontier.py's slimfit-* rows
+        # the optimizer's state as AdamW makes it, said explicitly: the activation comparison stays the same
+        # whatever the scheduler's default (bench/frontier.py has the 8-bit frozen state's whole step)
         scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, seed=0, frozen_state=None)
     return model, scheduler, on_step
 

@@ -18,15 +18,14 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   adamw8bit-bnb         full fine-tuning with bitsandbytes' AdamW8bit
   badam                 BAdam's BlockOptimizer: one transformer block trains at a time (state for it only)
   cce                   (decoders) Apple's cut-cross-entropy for the LM head (impl torch_compile on the CPU)
-  slimfit-exact / -paper / -aggressive   slimfit.patch(preset) + ILSScheduler with its defaults (rate 0.7,
-                        frozen_state "auto": the frozen layers' AdamW state held 8-bit while they are frozen),
-                        AdamW over every parameter
-  slimfit-exact-fullstate / -paper-fullstate / -aggressive-fullstate   the same with frozen_state=None: a
-                        frozen layer keeps the state it made when it trained, in full
+  slimfit-exact / -paper / -aggressive   slimfit.patch(preset) + ILSScheduler at its default rate (0.7),
+                        AdamW over every parameter (a frozen layer keeps the state it made when it trained)
   slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
   slimfit-paper+lora+ckpt  the same with gradient checkpointing
-  slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit (its 8-bit state left as it is)
-  slimfit-paper+inbwd   slimfit-paper with each parameter's AdamW step taken in backward (step_in_backward)
+  slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
+  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim)
+  slimfit-exact+q8 / slimfit-aggressive+q8   the same with exact() / aggressive()
+  slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
 Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
 A peer that cannot run here is a row with its error.
@@ -75,7 +74,7 @@ class Method:
     preset: str | None = None     # slimfit preset, with the scheduler unless lora
     cce: bool = False
     decoder_only: bool = False
-    frozen_state: str | None = "auto"  # the scheduler's frozen_state (SchedulerConfig)
+    frozen_state: str | None = None  # slimfit.optim.attach_frozen_state mode (with the scheduler)
     in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's AdamW step in backward
     between_steps: bool = False      # FrozenState(between_steps=True): the trained layers' state held too
 
@@ -89,14 +88,16 @@ METHODS = {
     "lora-r8+ckpt": Method(lora=True, ckpt=True), "adamw8bit-torchao": Method(optimizer="torchao8"),
     "adamw8bit-bnb": Method(optimizer="bnb8"), "badam": Method(optimizer="badam"),
     "cce": Method(cce=True, decoder_only=True),
-    **{f"slimfit-{preset}": Method(preset=preset) for preset in ("exact", "paper", "aggressive")},
-    **{f"slimfit-{preset}-fullstate": Method(preset=preset, frozen_state=None)
-       for preset in ("exact", "paper", "aggressive")},
-    "slimfit-paper+lora": Method(preset="paper", lora=True),
+    "slimfit-exact": Method(preset="exact"), "slimfit-paper": Method(preset="paper"),
+    "slimfit-aggressive": Method(preset="aggressive"), "slimfit-paper+lora": Method(preset="paper", lora=True),
     "slimfit-paper+lora+ckpt": Method(preset="paper", lora=True, ckpt=True),
     "slimfit-paper+adamw8bit": Method(preset="paper", optimizer="torchao8"),
-    "slimfit-paper+inbwd": Method(preset="paper", in_backward=True),
-    "slimfit-paper+q8all+inbwd": Method(preset="paper", in_backward=True, between_steps=True),
+    "slimfit-paper+q8": Method(preset="paper", frozen_state="compress"),
+    "slimfit-exact+q8": Method(preset="exact", frozen_state="compress"),
+    "slimfit-aggressive+q8": Method(preset="aggressive", frozen_state="compress"),
+    "slimfit-paper+q8+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True),
+    "slimfit-paper+q8all+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True,
+                                        between_steps=True),
 }
 
 
@@ -141,15 +142,13 @@ def _optimizer(method: Method, model, params):
     return torch.optim.AdamW(params, lr=0.0)
 
 
-def _hold_frozen_state(setup, scheduler, between_steps: bool) -> None:
-    """One step so that the frozen state holds what it holds in every later step: every layer's AdamW state
-    made first (a layer frozen now trained earlier), then the scheduler's step holds the frozen layers' state
-    (the measured step finds it held). between_steps: slimfit.optim's FrozenState attached by hand (the
-    scheduler's option has no between_steps), compressing."""
-    if between_steps:
-        from slimfit.optim import attach_frozen_state
+def _hold_frozen_state(setup, scheduler, mode: str, between_steps: bool) -> None:
+    """slimfit.optim's FrozenState on the setup's optimizer, and one step so that it holds what it holds in
+    every later step: every layer's AdamW state made first (a layer frozen now trained earlier), then the
+    scheduler's step holds the frozen layers' state (the measured step finds it held)."""
+    from slimfit.optim import attach_frozen_state
 
-        attach_frozen_state(scheduler, setup.optimizer, mode="compress", between_steps=True)
+    attach_frozen_state(scheduler, setup.optimizer, mode=mode, between_steps=between_steps)
     archs.prime_optimizer(setup.optimizer)
     setup.step()
 
@@ -200,16 +199,15 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
         if not method.lora:
             from slimfit.scheduler import ILSScheduler
 
-            frozen_state = None if method.between_steps else method.frozen_state
-            scheduler = ILSScheduler(model, seed=0, frozen_state=frozen_state)
+            scheduler = ILSScheduler(model, seed=0)
     params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(method, model, params)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
     setup = _measure.Setup(model, inputs, dtype=dtype, optimizer=optimizer,
                            after_step=scheduler.step if scheduler is not None else None)
-    if scheduler is not None and (method.between_steps or scheduler.config.frozen_state_mode is not None):
-        _hold_frozen_state(setup, scheduler, method.between_steps)
+    if method.frozen_state:
+        _hold_frozen_state(setup, scheduler, method.frozen_state, method.between_steps)
     try:
         yield setup
     finally:

@@ -53,7 +53,7 @@ def hidden_states_loss(out):
     return out.last_hidden_state.float().pow(2).mean() + out.pooler_output.float().pow(2).mean()
 
 
-def run_config(device, rate, score, args, frozen_state="auto"):
+def run_config(device, rate, score, args, frozen_state="none"):
     model, batch = build(device, args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
     sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt,
@@ -84,9 +84,10 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rates", default="0.0,0.5,0.9")
     p.add_argument("--scores", default="relative,robust")
-    p.add_argument("--frozen-states", default="auto",
-                   help="the scheduler's frozen_state per row: auto (the default: frozen layers' AdamW state "
-                        "8-bit, encoded and decoded inside step()), none, compress, offload; comma-separated")
+    p.add_argument("--frozen-states", default="none",
+                   help="the scheduler's frozen_state per row: none (the default: the state in full), compress "
+                        "(frozen layers' AdamW state 8-bit, encoded and decoded inside step()), auto, offload; "
+                        "comma-separated")
     p.add_argument("--out", default=None, help="CSV path (default bench/results/scheduler_overhead_<cpu|gpu>.csv)")
     args = p.parse_args(argv)
     device = torch.device(args.device)

@@ -29,10 +29,8 @@ CASES = {"bert-16": "BERT-base, batch 16, seq 128", "smollm2-2048": "SmolLM2-135
 METHODS = {"sdpa": "PyTorch, full fine-tuning (SDPA)", "grad-ckpt": "gradient checkpointing",
            "adamw8bit-bnb": "8-bit AdamW (bitsandbytes)", "badam": "BAdam (one block at a time)",
            "lora-r8": "LoRA r=8", "lora-r8+ckpt": "LoRA r=8 + checkpointing",
-           "slimfit-paper": "**slimfit `paper()`**, full fine-tuning (frozen layers' AdamW state 8-bit)",
-           "slimfit-aggressive": "slimfit `aggressive()`",
-           "slimfit-aggressive-fullstate": "slimfit `aggressive()`, frozen layers' AdamW state in full",
-           "slimfit-paper-fullstate": "slimfit `paper()`, frozen layers' AdamW state in full (`frozen_state=None`)",
+           "slimfit-paper": "**slimfit `paper()`**, full fine-tuning", "slimfit-aggressive": "slimfit `aggressive()`",
+           "slimfit-paper+q8": "slimfit `paper()`, frozen layers' AdamW state 8-bit (`frozen_state=\"compress\"`)",
            "slimfit-paper+q8all+inbwd":
                "slimfit `paper()`, every AdamW state 8-bit, step in backward (`docs/optim.md`)",
            "slimfit-paper+lora": "slimfit `paper()` + LoRA r=8",
@@ -77,12 +75,6 @@ def table(rows: dict) -> str:
                           lambda peak, plain: f"{peak:,.0f} ({plain / peak:.2f}x)")
 
 
-def _e2e_method(name: str) -> str:
-    """bench/e2e.py's scheduled slimfit rows keep the frozen layers' AdamW state in full (frozen_state=None):
-    the frontier's -fullstate rows."""
-    return f"{name}-fullstate" if name in ("slimfit-exact", "slimfit-paper", "slimfit-aggressive") else name
-
-
 def _gpu_rows() -> dict:
     """{(column, method): (step peak MiB, step ms)} of the GPU results."""
     out = {}
@@ -90,7 +82,7 @@ def _gpu_rows() -> dict:
         for row in csv.DictReader(fh):
             key = (row["model"].split(",")[0], row["dtype"])
             if key in GPU_COLUMNS and row.get("peak_mib") and row.get("step_ms"):
-                out[(key, _e2e_method(row["method"]))] = (float(row["peak_mib"]), float(row["step_ms"]))
+                out[(key, row["method"])] = (float(row["peak_mib"]), float(row["step_ms"]))
     with open(FRONTIER_GPU, newline="") as fh:
         for row in csv.DictReader(fh):
             key = (row["case"], row["dtype"])

@@ -5,7 +5,7 @@ base_bytes + sum(bytes of the trained layers) <= budget_bytes at every step (sli
     scheduler = ILSScheduler(model, freeze_rate=0.7, optimizer=optimizer, **budget)
 
 base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, slimfit.plan.predict),
-their optimizer state held as the scheduler holds a frozen layer's (8-bit by default: its frozen_state).
+their optimizer state held as the scheduler holds a frozen layer's (its frozen_state: in full by default).
 A layer's bytes: what training it can add to the peak, each counted whole although they peak at different
 times: its gradient, the scheduler's snapshot of its weight, its input at full precision (what a
 plain linear saves for the weight gradient; slimfit's presets save it compressed, and Q/K/V share one
@@ -25,7 +25,8 @@ __all__ = ["layer_bytes", "scheduler_budget", "rate_bound"]
 
 def _held_growth(optimizer, p) -> int:
     """Bytes the optimizer state of ``p`` grows by when it comes back in full from 8-bit (the base step holds
-    every scheduled layer's state as the scheduler does; a trained layer has it in full); 0 when none is held."""
+    every scheduled layer's state as the scheduler's frozen_state does; a trained layer has it in full); 0 when
+    none is held."""
     import math
 
     from ..optim.codec import encoded_nbytes

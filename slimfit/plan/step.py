@@ -13,7 +13,7 @@ The step is the one of a run in its steady state, as a user writes it:
      does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
      step after the first;
   3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
-     first frozen set is applied (the frozen layers' moments held 8-bit: its default frozen_state), its
+     first frozen set is applied (the frozen layers' moments held as its frozen_state says), its
      weight snapshots of the trained layers are live, and its step() runs after the optimizer's (scores, next
      frozen set).
 """

@@ -46,29 +46,26 @@ def test_frozen_state_option_checked():
     assert SchedulerConfig.from_dict(config.to_dict()).frozen_state == "offload"
 
 
-def test_default_auto_compresses_unless_momentum_reads_the_state():
-    assert SchedulerConfig().frozen_state == "auto" and SchedulerConfig().frozen_state_mode == "compress"
-    momentum = SchedulerConfig.from_options(frozen_update="momentum")   # no conflict: auto steps aside
-    assert momentum.frozen_state == "auto" and momentum.frozen_state_mode is None
-    assert SchedulerConfig(frozen_state=None).frozen_state_mode is None
-    model = build(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt)   # the defaults
-    train(model, opt, data(), 3, sched=sched)
-    assert any(_held(opt, p, Q8) for p in sched.params)
-    model = build(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_update="momentum")
-    train(model, opt, data(), 3, sched=sched)
-    assert not any(_held(opt, p, Q8) for p in sched.params)
+def test_auto_compresses_unless_momentum_reads_the_state():
+    assert SchedulerConfig().frozen_state is None          # the default: the state as the optimizer made it
+    assert SchedulerConfig(frozen_state="auto").frozen_state_mode == "compress"
+    momentum = SchedulerConfig.from_options(frozen_state="auto", frozen_update="momentum")   # no conflict
+    assert momentum.frozen_state_mode is None
+    for options, held in (({"frozen_state": "auto"}, True), ({}, False),
+                          ({"frozen_state": "auto", "frozen_update": "momentum"}, False)):
+        model = build(0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, **options)
+        train(model, opt, data(), 3, sched=sched)
+        assert any(_held(opt, p, Q8) for p in sched.params) == held, options
 
 
-def test_a_config_saved_before_the_field_existed_holds_nothing():
-    """Resuming a run whose saved config has no frozen_state keeps to what that run did."""
-    old = SchedulerConfig().to_dict()
+def test_a_config_without_the_field_holds_nothing():
+    """A config saved before the field existed resumes as that run did."""
+    old = SchedulerConfig(frozen_state="compress").to_dict()
     del old["frozen_state"]
     assert SchedulerConfig.from_dict(old).frozen_state is None
-    assert SchedulerConfig.from_dict(SchedulerConfig().to_dict()).frozen_state == "auto"
+    assert SchedulerConfig.from_dict(SchedulerConfig(frozen_state="auto").to_dict()).frozen_state == "auto"
 
 
 def test_a_second_holder_on_a_scheduler_that_holds_the_state_is_refused():
@@ -76,7 +73,7 @@ def test_a_second_holder_on_a_scheduler_that_holds_the_state_is_refused():
 
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state="compress")
     with pytest.raises(ValueError, match="already holds.*frozen_state=None"):
         attach_frozen_state(sched, opt, mode="offload")
     sched.close()
