@@ -52,11 +52,14 @@ def _positions(module, relative_pos):
     return relative_pos.to(dtype=torch.long)
 
 
-def _unsupported(module, output_attentions, query_states, relative_pos, rel_embeddings) -> str | None:
+def _unsupported(module, attention_mask, output_attentions, query_states, relative_pos,
+                 rel_embeddings) -> str | None:
     if output_attentions:
         return "output_attentions=True (the probabilities are returned)"
     if query_states is not None:
         return "query_states given (queries from another input)"
+    if attention_mask is None:
+        return "no attention mask given"
     if module.relative_attention and (relative_pos is None or rel_embeddings is None):
         return "relative positions not given by the encoder"
     if module.relative_attention and _positions(module, relative_pos) is None:
@@ -76,7 +79,7 @@ class DisentangledAttentionMixin:
         calls = vars(self).get(CALLS)
         if calls is not None and not torch.compiler.is_compiling():
             calls.forwards += 1
-        why = _unsupported(self, output_attentions, query_states, relative_pos, rel_embeddings)
+        why = _unsupported(self, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings)
         if why is not None:
             _count(self, why)
             return original.forward(self, *args)

@@ -130,3 +130,16 @@ def test_nothing_of_size_s_by_s_is_saved():
     assert sum(t.numel() * t.element_size() for t in own) == 3 * codes + 2 * 4 * H * 8 * D
     out.sum().backward()
     assert q.grad is not None and pk.grad is not None and pk.grad.shape == pk.shape
+
+
+def test_a_call_the_core_does_not_cover_runs_the_models_forward_and_is_counted():
+    model = _model()
+    inputs = _inputs()
+    with torch.no_grad():
+        plain = model(**inputs, output_attentions=True)
+    slimfit.patch(model, SlimFitConfig.paper())
+    out = model(**inputs, output_attentions=True)          # the probabilities are asked for: the model's own
+    torch.testing.assert_close(out.attentions[0], plain.attentions[0], rtol=0, atol=0)
+    calls = model.slimfit_summary.attention_calls()
+    assert calls["forwards"] == 1 and calls["reached"] == 0
+    assert [why for _, why in calls["not_reached"]] == ["output_attentions=True (the probabilities are returned)"]
