@@ -68,6 +68,13 @@ def _count(module, reason: str | None = None) -> None:
         calls.fallbacks[reason] += 1
 
 
+def count_forward(module) -> None:
+    """One more forward with gradients of a patched attention module (the summary's `forwards`)."""
+    calls = calls_of(module)
+    if calls is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        calls.forwards += 1
+
+
 def _count_ref(ref) -> None:
     module = ref()
     if module is not None:
@@ -199,9 +206,7 @@ class AttentionMixin:
         if not torch.is_grad_enabled() and not self.training:
             return original.forward(self, *args, **kwargs)
         ensure_routed(self)
-        calls = calls_of(self)
-        if calls is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            calls.forwards += 1
+        count_forward(self)
         router = _direct_router(self, original)
         if router is None:
             return original.forward(self, *args, **kwargs)

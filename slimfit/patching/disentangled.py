@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..autograd.disentangled_attention import disentangled_attention
-from .attention_routes import ATTENTION_OPTIONS, CALLS, AttentionCalls, _count
+from .attention_routes import ATTENTION_OPTIONS, CALLS, AttentionCalls, _count, count_forward
 from .modules import ORIGINAL_CLASS
 
 __all__ = ["disentangled_child", "DisentangledAttentionMixin", "verify_disentangled", "install"]
@@ -76,9 +76,7 @@ class DisentangledAttentionMixin:
         args = (hidden_states, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings)
         if not torch.is_grad_enabled():
             return original.forward(self, *args)
-        calls = vars(self).get(CALLS)
-        if calls is not None and not torch.compiler.is_compiling():
-            calls.forwards += 1
+        count_forward(self)
         why = _unsupported(self, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings)
         if why is not None:
             _count(self, why)

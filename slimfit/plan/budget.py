@@ -17,6 +17,8 @@ they are (its docstring's "activation bytes" are, here, all the bytes a trained 
 """
 from __future__ import annotations
 
+import math
+
 from .models import ModelRef, resolve_model
 from .spec import StepSpec
 
@@ -27,8 +29,6 @@ def _held_growth(optimizer, p) -> int:
     """Bytes the optimizer state of ``p`` grows by when it comes back in full from 8-bit (the base step holds
     every scheduled layer's state as the scheduler's frozen_state does; a trained layer has it in full); 0 when
     none is held."""
-    import math
-
     from ..optim.codec import encoded_nbytes
     from ..optim.keys import held_key
 
