@@ -27,6 +27,8 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-exact+q8 / slimfit-aggressive+q8   the same with exact() / aggressive()
   slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
+  slimfit-paper+offload paper() + scheduler, the frozen layers' AdamW state in host memory (pinned on CUDA,
+                        copied back on a side stream; on a CPU it saves nothing)
 Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
 A peer that cannot run here is a row with its error.
 
@@ -98,6 +100,7 @@ METHODS = {
     "slimfit-paper+q8+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True),
     "slimfit-paper+q8all+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True,
                                         between_steps=True),
+    "slimfit-paper+offload": Method(preset="paper", frozen_state="offload"),
 }
 
 
@@ -347,11 +350,12 @@ def _header(args, rows: list[dict]) -> str:
     tag = _results.device_tag(args.device)
     name = rows[0]["device_name"] if rows else _results.device_name(args.device)
     runs = sorted({r["commit"] for r in rows})
+    cases = ",".join(dict.fromkeys(r["case"] for r in rows)) if rows else args.cases
     several = "" if len(runs) < 2 else (
         f" Rows come from runs of {len(runs)} versions ({'; '.join(runs)}), on the same kind of machine but not "
         "always the same one: a time ratio between rows of different runs is a lead, not a measurement.")
     return (f"# The memory/time frontier ({name})\n\n"
-            f"`{_results.command('frontier', ['--device', args.device, '--cases', args.cases])}`; rows from "
+            f"`{_results.command('frontier', ['--device', args.device, '--cases', cases])}`; rows from "
             f"frontier_{tag}.csv "
             "(each row measured in its own model; step time is the median of the timed steps of that row, so "
             "compare times within one table, measured in one run). Methods: bench/frontier.py's docstring." + several)

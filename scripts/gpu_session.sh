@@ -13,10 +13,12 @@
 # Results and logs go to $RESULTS (default: $OUT when set, else bench/results). The build is in place
 # (slimfit/_C*.so, build/: both git-ignored), so a later stage on the same machine only relinks.
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default nproc),
-# CC/CXX (the compilers of the build; default /usr/bin/gcc and g++ where they exist: on the lent H200 the
-# image's default c++, /opt/gcc/bin/g++, built an extension whose every TORCH_CHECK error killed the process
-# with a segmentation fault, and the system g++ one raised them as RuntimeErrors; `all` checks it first).
-# `all` reads: TEST_PATHS, TEST_K (pytest -k), KERNEL_OPS (bench.kernels --ops), the budgets below.
+# SLIMFIT_CXX (the C++ compiler of the build; default /usr/bin/gcc and g++ where they exist, whatever CC/CXX
+# say: on the lent H200 the image's compiler, /opt/gcc/bin/g++, built an extension whose every TORCH_CHECK
+# error killed the process with a segmentation fault, and the system g++ one raised them as RuntimeErrors,
+# as did that extension with the system libstdc++ preloaded; `all` checks it first; gpu_native_diag.sh).
+# `all` reads: STAGES (default "tests e2e frontier kernels"), TEST_PATHS, TEST_K (pytest -k), KERNEL_OPS
+# (bench.kernels --ops), FRONTIER_CASES, FRONTIER_METHODS, FRONTIER_DTYPES, the budgets below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage="${1:-}"
@@ -31,7 +33,10 @@ esac
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "gpu_session.sh: $PY's torch sees no CUDA device; run this on the GPU machine" >&2; exit 1; }
 
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
+# The H200 image sets CXX to /opt/gcc/bin/g++ (its build log named it while /usr/bin/g++ existed): the system
+# compiler wins unless SLIMFIT_CXX names one.
+if [ -n "${SLIMFIT_CXX:-}" ]; then export CXX="$SLIMFIT_CXX"
+elif [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 if ! TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" timeout "${BUILD:-150}" \
      "$PY" setup.py build_ext --inplace >"$RESULTS/gpu_build.log" 2>&1; then
   tail -40 "$RESULTS/gpu_build.log"; echo "gpu_session.sh: the build failed (log: $RESULTS/gpu_build.log)" >&2
@@ -74,20 +79,25 @@ r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
 print('native argument error in a child process: rc', r.returncode, r.stdout.strip(), r.stderr.strip()[-300:])
 sys.exit(r.returncode)"
     cat "$RESULTS/gpu_native_errors.log"
-    run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
-      -m "gpu or not slow" ${TEST_K:+-k "$TEST_K"} \
-      ${TEST_PATHS:-tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py}
-    methods=sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-aggressive,slimfit-paper+lora
-    run_stage e2e "${E2E:-140}" "$PY" -m bench.e2e --device cuda --cuda-rep-ms 300 --methods "$methods" \
-      --out-dir "$RESULTS"
-    peers=sdpa,grad-ckpt,lora-r8,lora-r8+ckpt,slimfit-exact,slimfit-paper,slimfit-aggressive
-    for dtype in bf16 fp32; do
-      run_stage "frontier_$dtype" "${FRONTIER:-45}" "$PY" -m bench.frontier --device cuda --dtype "$dtype" \
-        --cases smollm2-2048 --cuda-rep-ms 300 --out "$RESULTS" \
-        --methods "$peers,slimfit-paper+lora,slimfit-paper+lora+ckpt"
-    done
-    run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" \
-      ${KERNEL_OPS:+--ops "$KERNEL_OPS"}
+    stages="${STAGES:-tests e2e frontier kernels}"   # which stages, in this order
+    for stage_name in $stages; do case "$stage_name" in
+      tests) run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
+               -m "gpu or not slow" ${TEST_K:+-k "$TEST_K"} \
+               ${TEST_PATHS:-tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py} ;;
+      e2e) methods=sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-aggressive,slimfit-paper+lora
+           run_stage e2e "${E2E:-140}" "$PY" -m bench.e2e --device cuda --cuda-rep-ms 300 --methods "$methods" \
+             --out-dir "$RESULTS" ;;
+      frontier)
+        peers=sdpa,grad-ckpt,lora-r8,lora-r8+ckpt,slimfit-exact,slimfit-paper,slimfit-aggressive
+        for dtype in ${FRONTIER_DTYPES:-bf16 fp32}; do
+          run_stage "frontier_$dtype" "${FRONTIER:-45}" "$PY" -m bench.frontier --device cuda --dtype "$dtype" \
+            --cases "${FRONTIER_CASES:-smollm2-2048}" --cuda-rep-ms 300 --out "$RESULTS" \
+            --methods "${FRONTIER_METHODS:-$peers,slimfit-paper+lora,slimfit-paper+lora+ckpt}"
+        done ;;
+      kernels) run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" \
+                 ${KERNEL_OPS:+--ops "$KERNEL_OPS"} ;;
+      *) echo "gpu_session.sh: unknown stage $stage_name (of: tests e2e frontier kernels)" >&2 ;;
+    esac; done
     set +e  # the summary: whatever exists
     echo; tail -4 "$RESULTS/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$RESULTS/gpu_tests.log" | head -30
     for f in "$RESULTS"/e2e_gpu.md "$RESULTS"/frontier_gpu.md; do [ -f "$f" ] && cat "$f"; done

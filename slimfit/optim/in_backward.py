@@ -28,6 +28,7 @@ DistributedDataParallel (its gradient all-reduce happens after the hook).
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -63,6 +64,25 @@ def _parameters(model_or_params) -> list[nn.Parameter]:
     return unique
 
 
+class _GradReadyHook:
+    """A parameter's post-accumulate-grad hook, holding its optimizer weakly. A strong reference would close a
+    cycle through the tensor's C++ hook table (parameter -> hook -> optimizer -> parameter) that Python's
+    garbage collector cannot see: model and optimizer would stay allocated for the life of the process."""
+
+    def __init__(self, optimizer: "InBackwardOptimizer"):
+        self.optimizer = weakref.ref(optimizer)
+
+    def __call__(self, p) -> None:
+        optimizer = self.optimizer()
+        if optimizer is not None:
+            optimizer._on_grad_ready(p)
+
+
+def _remove_handles(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
 class InBackwardOptimizer(torch.optim.Optimizer):
     """One ``optimizer_class([p], **kwargs)`` per parameter, stepped from the parameter's post-accumulate-grad
     hook (see the module docstring). ``step()`` ends the training step."""
@@ -80,6 +100,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         self._param_pre_hooks: OrderedDict = OrderedDict()
         self._param_post_hooks: OrderedDict = OrderedDict()
         self._grad_hooks = [self._register_grad_hook(p) for p in params]
+        weakref.finalize(self, _remove_handles, list(self._grad_hooks))   # no hook outlives its optimizer
         self.param_steps = 0       # per-parameter steps taken (in backward or by step())
         self._ready = True
 
@@ -90,7 +111,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         if frozen:
             p.requires_grad_(True)
         try:
-            return p.register_post_accumulate_grad_hook(self._on_grad_ready)
+            return p.register_post_accumulate_grad_hook(_GradReadyHook(self))
         finally:
             if frozen:
                 p.requires_grad_(False)

@@ -271,7 +271,7 @@ def _in_backward_run(between: bool, steps: int = 20):
         losses.append(loss.item())
         if between:  # after a step nothing is resident in full: every moment held 8-bit
             assert all("exp_avg" not in st and "exp_avg" + Q8 in st for st in opt.state.values())
-    return losses, frozen_state
+    return losses, frozen_state, opt   # FrozenState holds its optimizer weakly: the caller keeps it
 
 
 def test_between_steps_holds_every_state_and_still_trains():
@@ -279,8 +279,8 @@ def test_between_steps_holds_every_state_and_still_trains():
     for its step inside backward). Lossy at every step, yet it trains as AdamW does here: its final loss no more
     than 1.5x plain AdamW's (measured 0.81x after 20 steps: 0.0185 vs 0.0228 from 1.38); the accuracy protocols
     have not measured it yet."""
-    losses, frozen_state = _in_backward_run(True)
-    plain, _ = _in_backward_run(False)
+    losses, frozen_state, _opt = _in_backward_run(True)
+    plain, _, _ = _in_backward_run(False)
     assert losses[-1] < 0.05 * losses[0]
     assert losses[-1] <= 1.5 * plain[-1]
     frozen_state.remove()

@@ -213,3 +213,32 @@ def test_checkpoint_with_held_frozen_state():
     train(model, opt, batch, 2, sched=sched)
     train(twin, twin_opt, batch, 2, sched=twin_sched)
     assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(twin)))
+
+
+def test_model_and_optimizer_are_freed_when_dropped():
+    """The parameters' hooks hold the optimizer weakly: a strong hook made a cycle through the tensors' C++
+    hook tables that gc never frees (on a GPU every earlier model stayed allocated)."""
+    import gc
+    import weakref
+
+    model = build(0)
+    opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2)
+    train(model, opt, data(), 2)
+    model_ref, opt_ref = weakref.ref(model), weakref.ref(opt)
+    del model, opt
+    gc.collect()
+    assert model_ref() is None and opt_ref() is None
+
+
+def test_dropping_the_optimizer_removes_its_hooks():
+    """A model that outlives its in-backward optimizer gets plain gradients again (no update, nothing lost)."""
+    import gc
+
+    model = build(0)
+    opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2)
+    del opt
+    gc.collect()
+    before = weights(model)
+    loss_of(model, data()).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(weights(model), before))
