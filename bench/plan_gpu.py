@@ -6,7 +6,7 @@
 Every measured row of those files (torch.cuda.max_memory_allocated over one whole step after warm-up steps)
 is predicted again here on fake CUDA tensors with the StepSpec of the same step: model, batch, shape, dtype,
 preset, the scheduler's freeze rate (e2e: 0.9, frontier: ILSScheduler's default 0.7; none with LoRA), LoRA
-r=8, checkpointing. The prediction's known gaps on a GPU (the CUDA SDPA backends, cuBLAS workspaces, the
+r=8, checkpointing, the frozen layers' state (frontier +q8: 8-bit, +offload: host). The prediction's known gaps on a GPU (the CUDA SDPA backends, cuBLAS workspaces, the
 allocator's rounding; docs/plan.md, "Limits") show up here as the error.
 """
 from __future__ import annotations
@@ -26,7 +26,9 @@ FIELDS = ["source", "model", "dtype", "batch", "method", "measured_mib", "predic
 # family's targets: another step, shown but not counted in the error statistics
 OTHER_STEP = "e2e LoRA: lora_dropout 0.1, which StepSpec cannot express"
 E2E_MODELS = {"BERT-base": ("bert-base", 128), "ViT-B/16": ("vit-base", None)}
-FRONTIER_CASES = {"smollm2-2048": ("smollm2-135m", 2048)}
+FRONTIER_CASES = {"smollm2-2048": ("smollm2-135m", 2048), "bert-16": ("bert-base", 128),
+                  "bert-64": ("bert-base", 128)}
+FROZEN_STATES = {"q8": "compress", "offload": "offload"}   # frontier's method suffixes
 
 
 def _method_spec(method: str, rate: float) -> dict | None:
@@ -36,10 +38,12 @@ def _method_spec(method: str, rate: float) -> dict | None:
         known = {"sdpa": {}, "grad-ckpt": {"checkpointing": True}, "lora-r8": {"lora": 8},
                  "lora-r8+ckpt": {"lora": 8, "checkpointing": True}}
         return known.get(method)
-    if preset not in ("exact", "paper", "aggressive") or extra not in ("", "lora", "lora+ckpt"):
+    if preset not in ("exact", "paper", "aggressive") or extra not in ("", "lora", "lora+ckpt", *FROZEN_STATES):
         return None
     fields = {"preset": preset}
-    if extra:
+    if extra in FROZEN_STATES:
+        fields.update(rate=rate, frozen_state=FROZEN_STATES[extra])
+    elif extra:
         fields.update(lora=8, checkpointing=extra.endswith("ckpt"))
     else:
         fields["rate"] = rate

@@ -68,10 +68,12 @@ class FrozenState:
 
     ``freeze(params)`` / ``thaw(params)`` do it by hand; ``attach(scheduler)`` has the scheduler call them
     through its frozen-set hook; ``restore_all()`` puts every state back; ``remove()`` restores and detaches.
+    ``transfer``: one object with transfer.py's four methods used for every device in place of the
+    device's own (slimfit.plan gives one whose host copies a fake CPU run of a CUDA step does not count).
     """
 
     def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
-                 seed: int = 0, between_steps: bool = False):
+                 seed: int = 0, between_steps: bool = False, transfer=None):
         _check_options(mode, group_size, seed)
         # Weak: the optimizer's hooks hold this object, so a strong reference back would be a cycle that keeps
         # the optimizer (and the model) alive after the user's last reference goes (tests/test_no_reference_cycles.py).
@@ -86,6 +88,7 @@ class FrozenState:
         self._index: dict = {}           # id(p) -> its place in the optimizer's parameters (seeds)
         self._pending: dict = {}         # id(p) -> (p, ticket): copies back not yet waited for
         self._transfers: dict = {}       # device -> CpuTransfer / CudaTransfer
+        self._one_transfer = transfer    # given: used for every device (slimfit.plan's off-device host)
         self._last_frozen: list = []     # the scheduler's frozen and trained sets at its last hook call
         self._last_trained: list = []
         self._stash: dict = {}           # held entries taken out of a state_dict being loaded (checkpoint.py)
@@ -180,6 +183,8 @@ class FrozenState:
             self.thaw(trained)
 
     def _transfer(self, device: torch.device):
+        if self._one_transfer is not None:
+            return self._one_transfer
         t = self._transfers.get(device)
         if t is None:
             t = self._transfers[device] = transfer_for(device)

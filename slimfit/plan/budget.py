@@ -26,9 +26,11 @@ __all__ = ["layer_bytes", "scheduler_budget", "rate_bound"]
 
 
 def _held_growth(optimizer, p) -> int:
-    """Bytes the optimizer state of ``p`` grows by when it comes back in full from 8-bit (the base step holds
-    every scheduled layer's state as the scheduler's frozen_state does; a trained layer has it in full); 0 when
-    none is held."""
+    """Bytes the optimizer state of ``p`` grows by on its device when it comes back in full from 8-bit or from
+    host memory elsewhere (the base step holds every scheduled layer's state as the scheduler's frozen_state
+    does; a trained layer has it in full); 0 when none is held (or the host copy is on the same device)."""
+    import torch
+
     from ..optim.codec import encoded_nbytes
     from ..optim.keys import held_key
 
@@ -37,6 +39,8 @@ def _held_growth(optimizer, p) -> int:
         if held_key(key) and isinstance(value, dict):
             numel = math.prod(value["shape"])
             grow += numel * value["dtype"].itemsize - encoded_nbytes(numel, int(value["group_size"]))
+        elif held_key(key) and isinstance(value, torch.Tensor) and value.device != p.device:
+            grow += value.numel() * value.element_size()   # offloaded: the device gets it all back
     return grow
 
 

@@ -75,11 +75,19 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
             lines += ["from slimfit.plan import StepSpec, scheduler_budget",
                       f"budget = scheduler_budget(StepSpec({_model_arg(spec)!r}, batch={spec.batch}, "
                       f"{_shape_arg(spec)}, dtype={spec.dtype!r}, preset={spec.preset!r}, rate={spec.rate!r}, "
-                      f"checkpointing={spec.checkpointing!r}), budget_bytes={int(budget_bytes)})",
-                      f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer, **budget)"]
+                      f"checkpointing={spec.checkpointing!r}{_frozen_state_arg(spec)}), "
+                      f"budget_bytes={int(budget_bytes)})",
+                      f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer"
+                      f"{_frozen_state_arg(spec)}, **budget)"]
         else:
-            lines.append(f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer)")
+            lines.append(f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer"
+                         f"{_frozen_state_arg(spec)})")
     return "\n".join(lines + [""] + _loop_lines(spec, device))
+
+
+def _frozen_state_arg(spec: StepSpec) -> str:
+    """The scheduler's frozen_state argument when the spec holds the frozen layers' state."""
+    return "" if spec.frozen_state is None else f", frozen_state={spec.frozen_state!r}"
 
 
 def _model_arg(spec: StepSpec) -> str:

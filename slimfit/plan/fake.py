@@ -246,3 +246,21 @@ class PlanMode(TorchDispatchMode):
             if self.numbers:
                 return 0.0 if t.dtype.is_floating_point else 0
         return None
+
+
+class OffDeviceHost:
+    """FrozenState's transfer in a fake CPU run of a CUDA step with frozen_state="offload": the host copies go
+    to the meta device, so the CPU tracker counts them as the GPU would (not at all), and come back as fake
+    tensors of the same shape (a prediction reads no values)."""
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+    def to_device(self, host: torch.Tensor, device):
+        return torch.empty(host.shape, dtype=host.dtype, device=device), None
+
+    def wait(self, ticket) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass

@@ -2,7 +2,10 @@
 
 Searched, at the batch, sequence, dtype and optimizer given: every preset (none, exact, paper, aggressive)
 x freeze rate (0, 0.5, 0.7, 0.9; ILSScheduler) x checkpointing (off, on), and LoRA (rank given, else 8; no
-freeze rate: the base is frozen) x preset x checkpointing. 40 configurations.
+freeze rate: the base is frozen) x preset x checkpointing: 40 configurations; with AdamW, each one with a
+freeze rate again with the frozen layers' state held 8-bit (and, on a GPU, offloaded to host memory): 64
+on a CPU, 88 on a GPU. Of configurations of the same estimated time the one that holds the state in full
+goes first, then offload (lossless), then 8-bit (about half a point on the encoder protocols).
 
 Speed first (cheap), memory second (exact), so that few full predictions run:
   1. each configuration's step time is estimated (cost.py: flops, bytes moved, ops) from predictions of the
@@ -59,7 +62,21 @@ def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
            for p, r, c in itertools.product(PRESETS, RATES, (False, True))]
     out += [base.replace(preset=p, lora=lora_rank or LORA_RANK, checkpointing=c)
             for p, c in itertools.product(PRESETS, (False, True))]
+    if base.optimizer == "adamw":
+        out += [base.replace(preset=p, rate=r, checkpointing=c, frozen_state=f)
+                for f, p, r, c in itertools.product(frozen_states(base.device), PRESETS, RATES[1:], (False, True))]
     return out
+
+
+def frozen_states(device: str) -> tuple:
+    """The frozen-state options worth searching on the device, in the order a tie is broken: offload is
+    lossless but saves only on a GPU; compress (8-bit) costs a little accuracy (docs/fidelity.md)."""
+    return ("offload", "compress") if device == "cuda" else ("compress",)
+
+
+def _preference(spec: StepSpec) -> int:
+    """Among configurations of the same estimated time: state in full, then offloaded, then 8-bit."""
+    return 0 if spec.frozen_state is None else 1 + frozen_states("cuda").index(spec.frozen_state)
 
 
 def _depth(ref: ModelRef) -> int:
@@ -81,9 +98,11 @@ def _line(a, b, depth: int, mix: float = 0.0, c=None):
     return [x + depth * ((1 - mix) * (y - x) + mix * (z - x)) for x, y, z in zip(a, b, c)]
 
 
-def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates) -> list[tuple[float, int]]:
+def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
+                    frozen_state: str | None = None) -> list[tuple[float, int]]:
     """[(estimated seconds, resident bytes)] of spec at each rate (LoRA: one), from shallow predictions: depths
-    0 and 1 (LoRA, or a model that cannot be built without layers: 1 and 2)."""
+    0 and 1 (LoRA, or a model that cannot be built without layers: 1 and 2); a frozen layer's state held as
+    frozen_state says."""
     device, dtype = spec.device, spec.dtype
     low = 1 if spec.lora else 0
     try:
@@ -92,8 +111,9 @@ def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates) -> list[tu
         low = 1
         first = _counts(predict(spec.replace(layers=low), ref=ref))
     trained = _counts(predict(spec.replace(layers=low + 1), ref=ref))
-    frozen = trained if spec.lora else _counts(predict(spec.replace(layers=low + 1, rate=0.5), ref=ref,
-                                                       freeze_all=True))
+    frozen = trained if spec.lora else _counts(predict(spec.replace(layers=low + 1, rate=0.5,
+                                                                    frozen_state=frozen_state),
+                                                       ref=ref, freeze_all=True))
     out = []
     for rate in rates:
         f, b, o, r = _line(first, trained, depth - low, rate, frozen)
@@ -107,11 +127,11 @@ def estimate(specs: list[StepSpec], ref: ModelRef) -> list[Candidate]:
     depth = _depth(ref)
     groups: dict[tuple, list[StepSpec]] = {}
     for s in specs:
-        groups.setdefault((s.preset, s.lora, s.checkpointing), []).append(s)
+        groups.setdefault((s.preset, s.lora, s.checkpointing, s.frozen_state), []).append(s)
     out = []
-    for members in groups.values():
-        head = members[0].replace(rate=0.0)
-        values = _estimate_group(head, ref, depth, [m.rate for m in members])
+    for (*_, frozen_state), members in groups.items():
+        head = members[0].replace(rate=0.0, frozen_state=None)
+        values = _estimate_group(head, ref, depth, [m.rate for m in members], frozen_state)
         out += [Candidate(m, est_seconds=t, resident=r) for m, (t, r) in zip(members, values)]
     return out
 
@@ -120,7 +140,7 @@ def fit(base: StepSpec, budget_bytes: int, lora_rank: int | None = None, ref: Mo
         on_candidate=None) -> FitResult:
     """The fastest (estimated) configuration whose predicted step peak is at most budget_bytes."""
     ref = ref or resolve_model(base.model, base.task)
-    ranked = sorted(estimate(candidates(base, lora_rank), ref), key=lambda c: c.est_seconds)
+    ranked = sorted(estimate(candidates(base, lora_rank), ref), key=lambda c: (c.est_seconds, _preference(c.spec)))
     best = None
     for cand in ranked:
         if cand.resident > budget_bytes:

@@ -13,7 +13,7 @@ The step is the one of a run in its steady state, as a user writes it:
      does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
      step after the first;
   3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
-     first frozen set is applied (the frozen layers' moments held as its frozen_state says), its
+     first frozen set is applied (the frozen layers' moments held as the spec's frozen_state says), its
      weight snapshots of the trained layers are live, and its step() runs after the optimizer's (scores, next
      frozen set).
 """
@@ -147,7 +147,7 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
     return optimizer
 
 
-def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool = False):
+def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool = False, fake: bool = False):
     """(ILSScheduler at the spec's rate, attached, its first frozen set applied, or None without a rate; the
     names of the layers it schedules). spec.budget_bytes: the scheduler in budget mode, with the per-layer
     bytes of slimfit/plan/budget.py. freeze_all: no scheduler; every layer it would schedule is frozen (the
@@ -161,19 +161,32 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
         from .budget import scheduler_budget
 
         options = scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes, ref=ref)
-    scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options)
+    # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
+    off_device = fake and spec.frozen_state == "offload" and spec.device == "cuda"
+    mode = spec.frozen_state
+    scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
+                             frozen_state=None if off_device else mode)
     names = tuple(scheduler.names)
+    transfer = None
+    if off_device:
+        from .fake import OffDeviceHost
+
+        transfer = OffDeviceHost()
     if freeze_all:
-        mode = scheduler.config.frozen_state_mode
         scheduler.close()
         archs.set_frozen(model, names)
         if mode is not None:  # their state held as the scheduler would hold it (budget.py's base)
             from ..optim import FrozenState
 
             params = dict(model.named_parameters())
-            FrozenState(optimizer, mode, seed=spec.seed).freeze([params[n] for n in names if n in params])
+            FrozenState(optimizer, mode, seed=spec.seed, transfer=transfer).freeze(
+                [params[n] for n in names if n in params])
         return None, names
     scheduler.attach_optimizer(optimizer)
+    if off_device:  # what SchedulerConfig.frozen_state="offload" attaches, with the off-device host
+        from ..optim import FrozenState
+
+        FrozenState(optimizer, mode, seed=scheduler.run_seed % 2**62, transfer=transfer).attach(scheduler)
     scheduler.apply()
     return scheduler, names
 
@@ -208,7 +221,7 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
     inputs = {k: v.to(run_device) for k, v in make_batch(model, ref, spec.batch, spec.seq, spec.image_size,
                                                          spec.seed).items()}
     # outside the fake mode: the scheduler's bookkeeping is real
-    scheduler, scheduled = _scheduler(spec, model, optimizer, ref, freeze_all)
+    scheduler, scheduled = _scheduler(spec, model, optimizer, ref, freeze_all, fake=fake is not None)
     step = Step(spec, ref, model, inputs, optimizer, scheduler, scheduled=scheduled, run_device=run_device)
     if spec.lora:
         base = model.get_base_model()

@@ -10,12 +10,18 @@ from slimfit.plan.search import candidates, fit
 BASE = StepSpec("bert-tiny", batch=4, seq=64)
 
 
-def test_candidates_cover_presets_rates_lora_and_checkpointing():
+def test_candidates_cover_presets_rates_lora_checkpointing_and_frozen_state():
     specs = candidates(BASE)
-    assert len(specs) == 40 and len(set(specs)) == 40
+    assert len(specs) == 64 and len(set(specs)) == 64
     assert {s.preset for s in specs} == {"none", "exact", "paper", "aggressive"}
     assert {s.rate for s in specs} == {0.0, 0.5, 0.7, 0.9} and {s.lora for s in specs} == {None, 8}
     assert all(not (s.lora and s.rate) for s in specs)
+    held = [s for s in specs if s.frozen_state]
+    assert {s.frozen_state for s in held} == {"compress"} and all(s.rate for s in held)   # offload: GPU only
+    assert {s.replace(frozen_state=None) for s in held} <= set(specs)
+    on_gpu = candidates(BASE.replace(device="cuda"))
+    assert len(on_gpu) == 88 and {s.frozen_state for s in on_gpu} == {None, "compress", "offload"}
+    assert not any(s.frozen_state for s in candidates(BASE.replace(optimizer="adamw8bit")))
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +40,9 @@ def test_the_configuration_picked_fits_when_measured(share, plain_peak):
     tried = [c for c in result.candidates if c.prediction is not None]
     assert tried[-1] is result.best and all(c.total > budget for c in tried[:-1])
     assert [c.est_seconds for c in result.candidates] == sorted(c.est_seconds for c in result.candidates)
+    # of the same configuration, the state in full is tried before the 8-bit one
+    order = {c.spec: i for i, c in enumerate(result.candidates)}
+    assert all(order[s.replace(frozen_state=None)] < i for s, i in order.items() if s.frozen_state)
 
 
 def test_nothing_fits_a_budget_below_the_weights(capsys):
