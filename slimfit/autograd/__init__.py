@@ -10,6 +10,7 @@
     conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)      (frozen weight: 0 bytes)
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
+    row_scale(y, w, *, bits=8, ...)   (y * w[..., None]: the routing product of a mixture of experts)
     attention(...)  (slimfit/autograd/attention.py)
     linear_cross_entropy(x, weight, bias, labels, *, chunk_rows=256) / causal_lm_loss(...)   (LM head, no logits kept)
     fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
@@ -35,11 +36,13 @@ from .linear import LinearOptions, linear
 from .linear_cross_entropy import LinearCrossEntropyOptions, causal_lm_loss, linear_cross_entropy
 from .matmul import MatmulOptions, matmul
 from .rmsnorm import rms_norm
+from .row_scale import RowScaleOptions, row_scale
 from .sampled_linear import SampledLinearOptions
 from .silu import SiLUOptions, SwiGLUOptions, silu, swiglu
 
 __all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
-           "silu", "swiglu", "geglu", "GeGLUOptions", "layer_scale", "LayerScaleOptions"]
+           "silu", "swiglu", "geglu", "GeGLUOptions", "layer_scale", "LayerScaleOptions", "row_scale",
+           "RowScaleOptions"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
 __all__ += ["AttentionOptions", "DropoutOptions", "FusedAttentionOptions", "GELUOptions", "LayerNormOptions",
             "LinearCrossEntropyOptions", "LinearOptions", "MatmulOptions", "RMSNormOptions", "SampledLinearOptions",

@@ -6,7 +6,8 @@ Recognised by structure (`is_fused_experts`) and taken only when a patch-time pr
 routed to random experts, gives output bit-identical to the module's own forward. Per expert hit, as the
 module's own eager loop: its tokens' rows, gate_up, silu(gate) * up, down, times the routing weight, added
 back. With the weights frozen (the scheduler freezes a parameter, so all experts of a layer at once) the
-projections save nothing and compute no weight gradient; the gated product keeps gate and up quantized.
+projections save nothing and compute no weight gradient; the gated product keeps gate and up quantized,
+the routing product (output rows times routing weights) its rows at the FFN output side's bits.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ class ExpertsMixin:
             gate, up = autograd.linear(rows, self.gate_up_proj[expert], None, options=opts.gate_up).chunk(2, dim=-1)
             h = swiglu(gate, up, options=opts.product)
             y = autograd.linear(h, self.down_proj[expert], None, options=opts.down)
-            out.index_add_(0, tokens, (y * top_k_weights[tokens, positions, None]).to(out.dtype))
+            out.index_add_(0, tokens, autograd.row_scale(y, top_k_weights[tokens, positions],
+                                                         options=opts.routing).to(out.dtype))
         return out
 
 

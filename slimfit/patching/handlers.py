@@ -423,7 +423,8 @@ HANDLERS: list = [
     Handler("experts", lambda module, ctx: is_fused_experts(module, ctx.silu_classes), ExpertsMixin,
             lambda ctx, name, module: ExpertsOptions.from_config(ctx.config),
             lambda ctx, opts: (f"fused experts: projections as linears (frozen: nothing saved), gate and up "
-                               f"{opts.product.bits}-bit"),
+                               f"{opts.product.bits}-bit, routed rows "
+                               f"{'in full' if opts.routing.bits is None else f'{opts.routing.bits}-bit'}"),
             skip=lambda ctx, module: "silu_bits=None (experts saved as in PyTorch)" if ctx.config.silu_bits is None
             else None,
             on_patch=lambda ctx, module, options: ctx.claimed.add(id(module.act_fn)), verify=verify_experts),

@@ -97,17 +97,22 @@ class LayerScaleOptions(autograd.LayerScaleOptions):
 class ExpertsOptions:
     """Mixture-of-experts layers with fused 3-D weights: each expert's gate_up and down projections as
     slimfit linears (a frozen weight saves nothing and computes no weight gradient), the gated product
-    as the SwiGLU product."""
+    as the SwiGLU product, and the routing product (each expert's output rows times their routing
+    weights) with the rows saved at the FFN output side's bits, `ffn_out_input_bits` (in full when None)."""
 
     gate_up: LinearOptions
     down: LinearOptions
     product: ActivationOptions
+    routing: autograd.RowScaleOptions
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):
         down_bits = config.ffn_out_input_bits or config.linear_input_bits
+        routing = autograd.RowScaleOptions(bits=config.ffn_out_input_bits, group_size=config.group_size,
+                                           stochastic=config.stochastic, check_finite=config.check_finite)
         return cls(gate_up=LinearOptions.from_config(config, config.linear_input_bits),
-                   down=LinearOptions.from_config(config, down_bits), product=ActivationOptions.from_config(config))
+                   down=LinearOptions.from_config(config, down_bits), product=ActivationOptions.from_config(config),
+                   routing=routing)
 
 
 @dataclass(frozen=True)

@@ -74,5 +74,36 @@ def test_frozen_experts_keep_less_than_plain_and_than_trainable(name):
     slimfit.unpatch(model)
     plain_frozen = kept()
     # frozen: the projections keep nothing; what is left is the gated product's codes and the routing
-    # weights' product (each expert's output rows, kept in full as PyTorch keeps them)
+    # product's rows (each expert's output rows, 8-bit: PyTorch keeps them in full)
     assert frozen < trainable and frozen < plain_frozen
+    slimfit.patch(model, SlimFitConfig.paper().replace(ffn_out_input_bits=None))
+    rows_in_full = kept()
+    slimfit.unpatch(model)
+    assert frozen < rows_in_full
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_router_gradient_through_the_8bit_routed_rows(name):
+    """The routing weights' gradient reads the routed rows, saved 8-bit: close to PyTorch's, and exactly
+    PyTorch's with the rows in full (the experts frozen, so nothing else in the layer is compressed there
+    but the gated product, which the router's gradient also reads: both formats bound it)."""
+    model, ids = build_decoder(name)
+    model.train()
+    for param_name, param in model.named_parameters():
+        param.requires_grad_(".experts." not in param_name)
+    router = [n for n, p in model.named_parameters() if p.requires_grad and (".gate." in n or ".router." in n)]
+    assert router
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if n in router}
+
+    plain = grads()
+    errors = {}
+    for bits in (8, None):
+        slimfit.patch(model, SlimFitConfig.paper().replace(ffn_out_input_bits=bits, silu_bits=8,
+                                                           lm_head_chunk_rows=None))
+        errors[bits] = max(_errors(grads(), plain))
+        slimfit.unpatch(model)
+    assert errors[8] < 0.05 and errors[None] <= errors[8]
