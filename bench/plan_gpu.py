@@ -6,8 +6,9 @@
 Every measured row of those files (torch.cuda.max_memory_allocated over one whole step after warm-up steps)
 is predicted again here on fake CUDA tensors with the StepSpec of the same step: model, batch, shape, dtype,
 preset, the scheduler's freeze rate (e2e: 0.9, frontier: ILSScheduler's default 0.7; none with LoRA), LoRA
-r=8, checkpointing, the frozen layers' state (frontier +q8: 8-bit, +offload: host). The prediction's known gaps on a GPU (the CUDA SDPA backends, cuBLAS workspaces, the
-allocator's rounding; docs/plan.md, "Limits") show up here as the error.
+r=8, checkpointing, the frozen layers' state (frontier +q8: 8-bit, +offload: host). The prediction's known
+gaps on a GPU (the CUDA SDPA backends, cuBLAS workspaces, the allocator's rounding; docs/plan.md, "Limits")
+show up here as the error.
 """
 from __future__ import annotations
 
