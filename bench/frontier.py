@@ -19,11 +19,13 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   badam                 BAdam's BlockOptimizer: one transformer block trains at a time (state for it only)
   cce                   (decoders) Apple's cut-cross-entropy for the LM head (impl torch_compile on the CPU)
   slimfit-exact / -paper / -aggressive   slimfit.patch(preset) + ILSScheduler at its default rate (0.7),
-                        AdamW over every parameter (a frozen layer keeps the state it made when it trained)
+                        AdamW over every parameter, frozen_state=None (a frozen layer keeps the state it made
+                        when it trained, in full)
   slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
   slimfit-paper+lora+ckpt  the same with gradient checkpointing
   slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
-  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim)
+  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim): the
+                        scheduler's default (frozen_state="auto")
   slimfit-exact+q8 / slimfit-aggressive+q8   the same with exact() / aggressive()
   slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
@@ -202,7 +204,9 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
         if not method.lora:
             from slimfit.scheduler import ILSScheduler
 
-            scheduler = ILSScheduler(model, seed=0)
+            # the frozen state as the method names it (slimfit-<preset>: in full, the default before "auto";
+            # +q8: 8-bit, the scheduler's default now), attached by hand below
+            scheduler = ILSScheduler(model, seed=0, frozen_state=None)
     params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(method, model, params)
     if scheduler is not None:

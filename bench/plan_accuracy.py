@@ -99,6 +99,9 @@ def spec_of(entry):
     from slimfit.plan import StepSpec
 
     model, batch, seq, image, options = entry
+    # the rows were measured with the frozen layers' state in full (the scheduler's default then; the key
+    # has no frozen_state column): they keep that meaning
+    options = {"frozen_state": None, **options}
     return StepSpec(qwen_ref() if model == "qwen" else model, batch=batch, seq=seq, image_size=image, **options)
 
 

@@ -41,7 +41,7 @@ def _method_spec(method: str, rate: float) -> dict | None:
         return known.get(method)
     if preset not in ("exact", "paper", "aggressive") or extra not in ("", "lora", "lora+ckpt", *FROZEN_STATES):
         return None
-    fields = {"preset": preset}
+    fields = {"preset": preset, "frozen_state": None}   # slimfit-<preset>: the state in full
     if extra in FROZEN_STATES:
         fields.update(rate=rate, frozen_state=FROZEN_STATES[extra])
     elif extra:

@@ -5,7 +5,7 @@ base_bytes + sum(bytes of the trained layers) <= budget_bytes at every step (sli
     scheduler = ILSScheduler(model, freeze_rate=0.7, optimizer=optimizer, **budget)
 
 base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, slimfit.plan.predict),
-their optimizer state held as the scheduler holds a frozen layer's (its frozen_state: in full by default).
+their optimizer state held as the scheduler holds a frozen layer's (its frozen_state: 8-bit by default).
 A layer's bytes: what training it can add to the peak, each counted whole although they peak at different
 times: its gradient, the scheduler's snapshot of its weight, its input at full precision (what a
 plain linear saves for the weight gradient; slimfit's presets save it compressed, and Q/K/V share one

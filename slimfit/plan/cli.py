@@ -63,9 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the task the config implies")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="the step's device: cpu (exact), or cuda (an estimate: docs/plan.md)")
-    parser.add_argument("--frozen-state", choices=["compress", "offload"], default=None,
-                        help="with --rate: the frozen layers' AdamW state held 8-bit (compress) or in host "
-                             "memory (offload; saves only on a GPU); default: in full")
+    parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload"], default="auto",
+                        help="with --rate: the frozen layers' AdamW state held 8-bit (compress; auto, the "
+                             "scheduler's default, is compress), in host memory (offload; saves only on a GPU), "
+                             "or in full (none)")
     parser.add_argument("--fit", default=None, metavar="BUDGET",
                         help="search presets, rates, frozen-state options, LoRA and checkpointing at this batch "
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
@@ -78,7 +79,7 @@ def _spec(args, **changes):
     values = dict(batch=args.batch, seq=args.seq, image_size=args.image_size, dtype=args.dtype,
                   optimizer=args.optimizer, preset=args.preset, rate=args.rate, lora=args.lora,
                   checkpointing=args.checkpointing, attn=args.attn, device=args.device, task=args.task,
-                  frozen_state=args.frozen_state)
+                  frozen_state=None if args.frozen_state == "none" else args.frozen_state)
     values.update(changes)
     return StepSpec(args.model, **values)
 

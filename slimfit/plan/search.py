@@ -56,7 +56,7 @@ class FitResult:
 
 def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
     """The configurations --fit searches, at base's model, batch, shape, dtype and optimizer."""
-    plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None)
+    plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None, frozen_state=None)
     base = base.replace(**plain)
     out = [base.replace(preset=p, rate=r, checkpointing=c)
            for p, r, c in itertools.product(PRESETS, RATES, (False, True))]

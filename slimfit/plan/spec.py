@@ -15,7 +15,7 @@ __all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES"]
 PRESETS = ("none", "exact", "paper", "aggressive")
 OPTIMIZERS = ("adamw", "adamw8bit")
 DTYPES = ("fp32", "bf16")
-FROZEN_STATES = (None, "compress", "offload")   # SchedulerConfig.frozen_state, "auto" resolved by the caller
+FROZEN_STATES = ("auto", None, "compress", "offload")   # SchedulerConfig.frozen_state's values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +36,9 @@ class StepSpec:
     task           overrides the task the config implies (text-classification, causal-lm, image-classification)
     seed           of the weights, the batch, dropout and the scheduler's first frozen set
     budget_bytes   with a rate: ILSScheduler's budget mode (slimfit.plan.scheduler_budget gives it the bytes)
-    frozen_state   with a rate: the scheduler's frozen_state, how the frozen layers' AdamW state is held (None:
-                   in full; "compress": 8-bit; "offload": in host memory, which on a CPU is the same memory)
+    frozen_state   with a rate: the scheduler's frozen_state, how the frozen layers' AdamW state is held
+                   ("auto", its default: 8-bit with AdamW; None: in full; "compress": 8-bit; "offload": in
+                   host memory, which on a CPU is the same memory); `held_state` says what it comes to
     """
 
     model: Any
@@ -56,7 +57,7 @@ class StepSpec:
     task: str | None = None
     seed: int = 0
     budget_bytes: float | None = None
-    frozen_state: str | None = None
+    frozen_state: str | None = "auto"
 
     def __post_init__(self):
         """Refuse a spec with a wrong field at once, naming every problem."""
@@ -83,14 +84,24 @@ class StepSpec:
         if self.lora is not None and self.rate:
             out.append("lora trains only the adapters (the base is frozen): give a freeze rate only without LoRA")
         if self.frozen_state not in FROZEN_STATES:
-            out.append(f"frozen_state must be None, 'compress' or 'offload', got {self.frozen_state!r}")
-        elif self.frozen_state is not None and not self.rate:
+            out.append(f"frozen_state must be 'auto', None, 'compress' or 'offload', got {self.frozen_state!r}")
+        elif self.frozen_state in ("compress", "offload") and not self.rate:
             out.append("frozen_state holds the frozen layers' optimizer state: it needs a freeze rate")
-        elif self.frozen_state is not None and self.optimizer != "adamw":
+        elif self.frozen_state in ("compress", "offload") and self.optimizer != "adamw":
             out.append("frozen_state holds AdamW's moments: use it with optimizer adamw")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
+
+    @property
+    def held_state(self) -> str | None:
+        """What frozen_state comes to for this step: None (nothing held: no scheduler, or a state slimfit does
+        not compress, torchao's 8-bit AdamW), "compress" or "offload"."""
+        if not self.rate or self.frozen_state is None:
+            return None
+        if self.frozen_state == "auto":
+            return "compress" if self.optimizer == "adamw" else None
+        return self.frozen_state
 
     def replace(self, **changes) -> "StepSpec":
         """A copy with `changes` (validated again)."""
@@ -120,8 +131,9 @@ class StepSpec:
             parts.append(self.dtype)
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
-        if self.frozen_state is not None:
-            parts.append({"compress": "frozen state 8-bit", "offload": "frozen state offloaded"}[self.frozen_state])
+        if self.rate and self.optimizer == "adamw":
+            parts.append({None: "frozen state in full", "compress": "frozen state 8-bit",
+                          "offload": "frozen state offloaded"}[self.held_state])
         if self.budget_bytes is not None:
             parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
         return ", ".join(parts)

@@ -162,8 +162,8 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
 
         options = scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes, ref=ref)
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
-    off_device = fake and spec.frozen_state == "offload" and spec.device == "cuda"
-    mode = spec.frozen_state
+    off_device = fake and spec.held_state == "offload" and spec.device == "cuda"
+    mode = spec.held_state
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
                              frozen_state=None if off_device else mode)
     names = tuple(scheduler.names)

@@ -47,11 +47,12 @@ def test_frozen_state_option_checked():
 
 
 def test_auto_compresses_unless_momentum_reads_the_state():
-    assert SchedulerConfig().frozen_state is None          # the default: the state as the optimizer made it
-    assert SchedulerConfig(frozen_state="auto").frozen_state_mode == "compress"
+    assert SchedulerConfig().frozen_state == "auto"        # the default: compress (docs/fidelity.md)
+    assert SchedulerConfig().frozen_state_mode == "compress"
+    assert SchedulerConfig(frozen_state=None).frozen_state_mode is None
     momentum = SchedulerConfig.from_options(frozen_state="auto", frozen_update="momentum")   # no conflict
     assert momentum.frozen_state_mode is None
-    for options, held in (({"frozen_state": "auto"}, True), ({}, False),
+    for options, held in (({"frozen_state": "auto"}, True), ({}, True), ({"frozen_state": None}, False),
                           ({"frozen_state": "auto", "frozen_update": "momentum"}, False)):
         model = build(0)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

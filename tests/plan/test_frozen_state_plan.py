@@ -7,7 +7,7 @@ import pytest
 from slimfit.plan import StepSpec, measure, predict
 from slimfit.plan.code import render
 
-SPEC = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5)
+SPEC = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5, frozen_state=None)
 
 
 @pytest.mark.parametrize("mode", ["compress", "offload"])
@@ -38,12 +38,24 @@ def test_offload_of_a_cuda_step_leaves_the_device():
 def test_the_printed_code_asks_the_scheduler_for_it():
     code = render(predict(SPEC.replace(frozen_state="compress")))
     assert "ILSScheduler(model, freeze_rate=0.5, optimizer=optimizer, frozen_state='compress')" in code
+    assert "frozen_state=None)" in render(predict(SPEC))
+    assert "ILSScheduler(model, freeze_rate=0.5, optimizer=optimizer)" in render(predict(SPEC.replace(
+        frozen_state="auto")))
+
+
+def test_the_default_is_the_schedulers():
+    """StepSpec's default is the scheduler's, "auto": 8-bit with AdamW, nothing held with torchao's 8-bit AdamW
+    or without a rate."""
+    spec = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5)
+    assert spec.frozen_state == "auto" and spec.held_state == "compress"
+    assert predict(spec).total == predict(spec.replace(frozen_state="compress")).total
+    assert spec.replace(rate=0.0).held_state is None and spec.replace(optimizer="adamw8bit").held_state is None
 
 
 @pytest.mark.parametrize("changes,message", [
     (dict(rate=0.0), "needs a freeze rate"),
     (dict(optimizer="adamw8bit"), "optimizer adamw"),
-    (dict(frozen_state="auto"), "must be None, 'compress' or 'offload'"),
+    (dict(frozen_state="bogus"), "must be 'auto', None, 'compress' or 'offload'"),
 ])
 def test_spec_refuses_what_cannot_hold_the_state(changes, message):
     with pytest.raises(ValueError, match=message):
