@@ -331,10 +331,8 @@ class SchedulerConfig:
     frozen_state       with an attached optimizer, hold the frozen layers' optimizer state while they are
                        frozen: "compress" (moments 8-bit, 3.76x fewer bytes, lossy) or "offload" (to host
                        memory; on a GPU, lossless); None keeps it as the optimizer made it (docs/optim.md).
-                       "auto" (the default): "compress", or None under experimental frozen_update="momentum".
-                       Chosen by the accuracy protocols (docs/fidelity.md): Rotten Tomatoes -0.12 point over
-                       6 seeds (none against full fine-tuning), fortunes -0.33, the decoder protocol +1.33;
-                       1.27x to 1.43x less on the whole step's peak.
+                       "auto" (the default): "compress", or None under experimental frozen_update="momentum";
+                       chosen by the accuracy protocols (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
