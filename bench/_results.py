@@ -93,8 +93,23 @@ def write_rows(path: str, rows: Sequence, fields: Sequence[str] | None = None) -
 
 
 def append_row(path: str, row: dict, fields: Sequence[str]) -> None:
-    """Append one row (a run that stops later keeps it); the header comes with the first row."""
+    """Append one row (a run that stops later keeps it); the header comes with the first row. A file whose
+    header is not `fields` (a column added since) is rewritten with them first, its rows' new cells empty:
+    appending under the old header would shift every later cell of the row."""
     new = not os.path.exists(path)
+    if not new:
+        with open(path, newline="") as fh:
+            header = next(csv.reader(fh), [])
+        if header != list(fields):
+            unknown = [f for f in header if f not in fields]
+            if unknown:
+                raise ValueError(f"{path}: its columns {unknown} are not among the fields written now; "
+                                 "move the file aside or add them to the fields")
+            old = read_rows(path)
+            with open(path, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=list(fields), lineterminator="\r\n")
+                writer.writeheader()
+                writer.writerows({f: r.get(f, "") for f in fields} for r in old)
     os.makedirs(os.path.dirname(path) or os.curdir, exist_ok=True)
     with open(path, "a", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(fields))

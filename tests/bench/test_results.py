@@ -89,3 +89,16 @@ def test_no_before_copies_among_the_results():
 
     assert [n for n in sorted(os.listdir(_results.RESULTS_DIR)) if "_before." in n] == []
     assert kernels_static.parser().get_default("compare") is None
+
+
+def test_append_row_rewrites_a_file_whose_header_lacks_a_new_field(tmp_path):
+    """A column added since the file was written: the old rows get it empty, the new row's cells stay in their
+    columns (appending under the old header shifted every later cell)."""
+    from bench import _results
+
+    path = str(tmp_path / "r.csv")
+    _results.append_row(path, {"a": "1", "c": "3"}, ["a", "c"])
+    _results.append_row(path, {"a": "4", "b": "5", "c": "6"}, ["a", "b", "c"])
+    assert _results.read_rows(path) == [{"a": "1", "b": "", "c": "3"}, {"a": "4", "b": "5", "c": "6"}]
+    with pytest.raises(ValueError, match="not among the fields"):
+        _results.append_row(path, {"a": "7"}, ["a"])
