@@ -17,7 +17,7 @@ from torch import nn
 from .. import autograd
 from ..autograd.silu import swiglu
 from .modules import OPTIONS, ORIGINAL_CLASS
-from .structure import agrees
+from .structure import probe_verdict
 
 PROBE_TOKENS = 6
 
@@ -79,7 +79,7 @@ def verify_experts(ctx, module) -> str | None:
     index = torch.stack([torch.randperm(experts, generator=generator)[:k] for _ in range(PROBE_TOKENS)]).to(like.device)
     weights = torch.rand(PROBE_TOKENS, k, generator=generator).to(dtype=like.dtype, device=like.device)
     original = vars(module)[ORIGINAL_CLASS]
-    if agrees(module, original, x, index, weights):
+    verdict = probe_verdict(module, original, x, index, weights)
+    if verdict is None:
         return None
-    return ("fused-experts-shaped, but its forward differs from the per-expert silu(gate) * up loop on a probe "
-            "input: left as is")
+    return (f"fused-experts-shaped, but against the per-expert silu(gate) * up loop {verdict}: left as is")

@@ -28,15 +28,32 @@ def agrees(module: nn.Module, original_class: type, x: torch.Tensor, *rest) -> b
     """Whether the patched `module` (its class already swapped) computes, with a graph, output
     bit-identical to its original class's forward on `x` (and further arguments `rest`): same dtype,
     same values."""
+    return probe_verdict(module, original_class, x, *rest) is None
+
+
+def probe_verdict(module: nn.Module, original_class: type, x: torch.Tensor, *rest) -> str | None:
+    """None when the patched `module` agrees with its original class's forward on the probe (see `agrees`),
+    else what happened, for the summary: the largest difference, another dtype, or the error the probe raised.
+    Running out of memory is raised, not reported as a disagreement."""
     try:
         with torch.no_grad():
             expected = original_class.forward(module, x, *rest)
         with torch.enable_grad():
             got = module(x.detach().requires_grad_(True), *rest)
-    except Exception:  # noqa: BLE001 - a forward that cannot run on the probe is not taken
-        return False
-    return (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == expected.dtype
-            and torch.equal(got.detach(), expected))
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a forward that cannot run on the probe is not taken
+        return f"the probe raised {type(exc).__name__}: {str(exc)[:120]}"
+    if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)):
+        return "the probe's outputs are not tensors"
+    if got.dtype != expected.dtype:
+        return f"the replacement gives {got.dtype}, the module {expected.dtype}"
+    if not torch.equal(got.detach(), expected):
+        if got.shape != expected.shape:
+            return f"the replacement gives shape {tuple(got.shape)}, the module {tuple(expected.shape)}"
+        diff = (got.detach().double() - expected.double()).abs().max().item()
+        return f"its output differs on a probe input (max |difference| {diff:.3g})"
+    return None
 
 
 @contextlib.contextmanager

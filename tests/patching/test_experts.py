@@ -107,3 +107,26 @@ def test_router_gradient_through_the_8bit_routed_rows(name):
         errors[bits] = max(_errors(grads(), plain))
         slimfit.unpatch(model)
     assert errors[8] < 0.05 and errors[None] <= errors[8]
+
+
+def test_experts_whose_forward_differs_are_left_alone_with_the_difference():
+    """A fused-experts module whose own forward is not the per-expert loop (here: a scaled output) fails the
+    probe: left as it is, and the summary says by how much it differed."""
+    model, ids = build_decoder("mixtral")
+    experts = [m for n, m in model.named_modules() if n.endswith(".experts")]
+    cls = type(experts[0])
+    scaled = type("ScaledExperts", (cls,), {"forward": lambda self, *a: cls.forward(self, *a) * 1.001})
+    for module in experts:
+        module.__class__ = scaled
+    slimfit.patch(model, SlimFitConfig.paper())
+    left = [why for name, _, why in model.slimfit_summary.skipped if name.endswith(".experts")]
+    assert len(left) == len(experts) and all("max |difference|" in why for why in left)
+    assert not any(kind == "experts" for _, kind, _ in model.slimfit_summary.patched)
+
+
+def test_a_probe_that_cannot_run_says_why():
+    from slimfit.patching.structure import probe_verdict
+
+    lin = torch.nn.Linear(4, 3)
+    assert probe_verdict(lin, torch.nn.Linear, torch.randn(2, 4)) is None
+    assert probe_verdict(lin, torch.nn.Linear, torch.randn(2, 5)).startswith("the probe raised RuntimeError")
