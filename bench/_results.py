@@ -120,7 +120,7 @@ def append_row(path: str, row: dict, fields: Sequence[str]) -> None:
 
 def matches(row: dict, **values) -> bool:
     """Whether a CSV row holds these values, compared as the strings the CSV holds (seed=0 matches "0")."""
-    return all(row[k] == str(v) for k, v in values.items())
+    return all(row.get(k, "") == str(v) for k, v in values.items())   # a column added since: empty
 
 
 def merge_rows(old: Iterable, new: Iterable, key: Sequence[str] | Callable) -> list:

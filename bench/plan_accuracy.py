@@ -37,7 +37,7 @@ from slimfit import architectures as archs
 from slimfit.demo.finetune import quiet_transformers
 
 NAME = "plan_accuracy"
-KEY = ("model", "batch", "seq", "image", "dtype", "preset", "rate", "lora", "ckpt", "attn")
+KEY = ("model", "batch", "seq", "image", "dtype", "preset", "rate", "lora", "ckpt", "attn", "frozen")
 FIELDS = KEY + ("status", "measured_bytes", "predicted_bytes", "error_pct", "measured_phase", "predicted_phase",
                 "measured_parts", "predicted_parts", "predict_s", "measure_s", "step_ms", "est_ms", "flops",
                 "bytes_moved", "ops", "params", "trained", "device_name", "torch", "commit", "date")
@@ -57,7 +57,7 @@ def qwen_ref(layers: int = 4):
     return ModelRef(f"qwen2.5-0.5b-{layers}l", archs.CAUSAL_LM, config, "Qwen2ForCausalLM", "config")
 
 
-# (model, batch, seq or None, image or None, options): 36 configurations
+# (model, batch, seq or None, image or None, options): 40 configurations
 FULL = [
     ("bert-base", 4, 128, None, {}), ("bert-base", 8, 256, None, {}), ("bert-base", 2, 64, None, {}),
     ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7)),
@@ -85,6 +85,11 @@ FULL = [
     ("qwen", 1, 256, None, {}), ("qwen", 1, 256, None, dict(preset="paper", rate=0.7)),
     ("qwen", 2, 256, None, dict(lora=8, dtype="bf16")),
     ("qwen", 1, 512, None, dict(preset="aggressive", rate=0.5, checkpointing=True)),
+    # the scheduler's default since: the frozen layers' AdamW state 8-bit
+    ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
+    ("vit-base", 4, None, 224, dict(preset="paper", rate=0.7, frozen_state="auto")),
+    ("llama-small", 8, 512, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
+    ("smollm2-135m", 1, 512, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
 ]
 QUICK = [
     ("bert-tiny", 2, 32, None, {}), ("bert-tiny", 2, 32, None, dict(preset="paper", rate=0.5)),
@@ -109,7 +114,7 @@ def key_of(spec) -> dict:
     """The CSV key fields of a spec (strings, as the CSV holds them)."""
     values = dict(model=spec.model_name, batch=spec.batch, seq=spec.seq or "", image=spec.image_size or "",
                   dtype=spec.dtype, preset=spec.preset, rate=f"{spec.rate:g}", lora=spec.lora or 0,
-                  ckpt=int(spec.checkpointing), attn=spec.attn)
+                  ckpt=int(spec.checkpointing), attn=spec.attn, frozen=spec.held_state or "")
     return {k: str(v) for k, v in values.items()}
 
 
@@ -197,6 +202,7 @@ def _config(r: dict) -> str:
     parts += ["ckpt"] if r["ckpt"] == "1" else []
     parts += [r["dtype"]] if r["dtype"] != "fp32" else []
     parts += [r["attn"]] if r["attn"] != "sdpa" else []
+    parts += [f"frozen state {'8-bit' if r['frozen'] == 'compress' else r['frozen']}"] if r.get("frozen") else []
     return ", ".join(parts)
 
 
