@@ -92,10 +92,14 @@ def _counts(p: Prediction) -> tuple[float, float, float, int]:
     return p.flops, p.bytes_moved, p.ops, p.memory.weights + p.memory.optimizer_state
 
 
-def _line(a, b, depth: int, mix: float = 0.0, c=None):
-    """a + depth * ((1 - mix) * (b - a) + mix * (c - a)), per count."""
+def _line(a, b, depth: int, mix: float = 0.0, c=None, a_frozen=None):
+    """(1 - mix) * a + mix * a_frozen + depth * ((1 - mix) * (b - a) + mix * (c - a_frozen)), per count: the
+    shallow model trained (a) and with what the scheduler schedules frozen (a_frozen), each layer trained (b - a)
+    or frozen (c - a_frozen), mixed at the freeze rate."""
     c = b if c is None else c
-    return [x + depth * ((1 - mix) * (y - x) + mix * (z - x)) for x, y, z in zip(a, b, c)]
+    a_frozen = a if a_frozen is None else a_frozen
+    return [(1 - mix) * x + mix * xf + depth * ((1 - mix) * (y - x) + mix * (z - xf))
+            for x, y, z, xf in zip(a, b, c, a_frozen)]
 
 
 def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
@@ -114,9 +118,19 @@ def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
     frozen = trained if spec.lora else _counts(predict(spec.replace(layers=low + 1, rate=0.5,
                                                                     frozen_state=frozen_state),
                                                        ref=ref, freeze_all=True))
+    # what the scheduler schedules outside the layers (a tied embedding / LM head) is frozen at the rate too:
+    # the frozen layer's increment is taken against the shallow model with that frozen, not against it trained
+    # (else a large frozen LM head made each frozen layer cost less than nothing)
+    first_frozen = first
+    if not spec.lora:
+        try:
+            first_frozen = _counts(predict(spec.replace(layers=low, rate=0.5, frozen_state=frozen_state), ref=ref,
+                                           freeze_all=True))
+        except Exception:  # noqa: BLE001 - nothing to schedule without layers: the shallow model as it is
+            first_frozen = first
     out = []
     for rate in rates:
-        f, b, o, r = _line(first, trained, depth - low, rate, frozen)
+        f, b, o, r = _line(first, trained, depth - low, rate, frozen, first_frozen)
         out.append((step_seconds(f, b, o, device, dtype), int(r)))
     return out
 

@@ -68,3 +68,17 @@ def test_fit_prints_the_code_of_the_configuration(capsys, plain_peak):
         assert "slimfit.patch(model, slimfit.SlimFitConfig." in out
     code = out.split("of the budget)")[1]
     compile(code.replace("model = ...", "model = None"), "<plan>", "exec")  # it parses as Python
+
+
+def test_estimates_of_a_tied_embedding_decoder_stay_positive():
+    """SmolLM2 ties its LM head to the embedding, which the scheduler schedules: frozen at the rate, it was
+    subtracted from every frozen layer's increment, so the estimated times and resident bytes of its rate
+    configurations came out negative and --fit ranked them first."""
+    from slimfit.plan.models import resolve_model
+    from slimfit.plan.search import estimate
+
+    base = StepSpec("smollm2-135m", batch=1, seq=64, preset="paper", rate=0.9, frozen_state=None)
+    specs = [base, base.replace(frozen_state="compress"), base.replace(rate=0.0)]
+    got = {c.spec: c for c in estimate(specs, resolve_model("smollm2-135m"))}
+    assert all(c.est_seconds > 0 and c.resident > 0 for c in got.values())
+    assert got[specs[1]].resident < got[specs[0]].resident <= got[specs[2]].resident
