@@ -11,8 +11,8 @@ Speed first (cheap), memory second (exact), so that few full predictions run:
   1. each configuration's step time is estimated (cost.py: flops, bytes moved, ops) from predictions of the
      model cut to depth 0 and 1 (LoRA: 1 and 2), which cost a fraction of the full one: a step's ops grow
      linearly with depth, so t(L) = t(0) + L * (t(1) - t(0)). A freeze rate f mixes a trained and a frozen
-     layer: t = t(0) + L * ((1 - f) * trained + f * frozen), both predicted at depth 1 (frozen: every layer
-     the scheduler would schedule frozen). The same runs give the
+     model (_line): every layer the scheduler would schedule frozen, the tied LM head outside the layers
+     too, predicted at depths 0 and 1. The same runs give the
      weights and optimizer state at full depth (linear in depth, exact): a configuration whose resident
      bytes alone exceed the budget is not predicted at all;
   2. in order of estimated time, the full step is predicted (predict.py, exact on the CPU) until one fits.
