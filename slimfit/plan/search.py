@@ -5,7 +5,7 @@ x freeze rate (0, 0.5, 0.7, 0.9; ILSScheduler) x checkpointing (off, on), and Lo
 freeze rate: the base is frozen) x preset x checkpointing: 40 configurations; with AdamW, each one with a
 freeze rate again with the frozen layers' state held 8-bit (and, on a GPU, offloaded to host memory): 64
 on a CPU, 88 on a GPU. Of configurations of the same estimated time the one that holds the state in full
-goes first, then offload (lossless), then 8-bit (about half a point on the encoder protocols).
+goes first, then offload (lossless), then 8-bit (lossy: docs/fidelity.md).
 
 Speed first (cheap), memory second (exact), so that few full predictions run:
   1. each configuration's step time is estimated (cost.py: flops, bytes moved, ops) from predictions of the
@@ -74,9 +74,12 @@ def frozen_states(device: str) -> tuple:
     return ("offload", "compress") if device == "cuda" else ("compress",)
 
 
+_PREFERENCE = {None: 0, "offload": 1, "compress": 2}   # at equal time: in full, lossless, lossy
+
+
 def _preference(spec: StepSpec) -> int:
     """Among configurations of the same estimated time: state in full, then offloaded, then 8-bit."""
-    return 0 if spec.frozen_state is None else 1 + frozen_states("cuda").index(spec.frozen_state)
+    return _PREFERENCE[spec.frozen_state]
 
 
 def _depth(ref: ModelRef) -> int:
