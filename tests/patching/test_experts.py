@@ -130,3 +130,85 @@ def test_a_probe_that_cannot_run_says_why():
     lin = torch.nn.Linear(4, 3)
     assert probe_verdict(lin, torch.nn.Linear, torch.randn(2, 4)) is None
     assert probe_verdict(lin, torch.nn.Linear, torch.randn(2, 5)).startswith("the probe raised RuntimeError")
+
+
+def _qwen3_moe_experts(k: int = 8):
+    """A Qwen3-MoE experts layer routing each token to 8 of 16 experts: at top-8 the per-token sum of the
+    experts' outputs depends on its order, so transformers' eager and grouped_mm forwards differ (tested)."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    config = Qwen3MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=16, num_experts_per_tok=k)
+    torch.manual_seed(0)
+    module = Qwen3MoeExperts(config)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    tokens = 64
+    x = torch.randn(tokens, 256)
+    index = torch.stack([torch.randperm(16)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k)
+    return module, config, (x, index, weights)
+
+
+def _patched_experts(module):
+    holder = torch.nn.ModuleDict({"experts": module})
+    slimfit.patch(holder, SlimFitConfig.paper())
+    return holder, [kind for _, kind, _ in holder.slimfit_summary.patched]
+
+
+def test_experts_follow_the_models_own_implementation_bit_for_bit():
+    module, config, (x, index, weights) = _qwen3_moe_experts()
+    plain = {}
+    for kind in ("grouped_mm", "eager"):
+        config._experts_implementation = kind
+        plain[kind] = module(x, index, weights)
+    assert not torch.equal(plain["grouped_mm"], plain["eager"])   # the two orders of the top-8 sum
+    holder, kinds = _patched_experts(module)
+    assert "experts" in kinds
+    for kind in ("grouped_mm", "eager"):
+        config._experts_implementation = kind
+        got = module(x.requires_grad_(True), index, weights)
+        assert torch.equal(got, plain[kind]), kind
+
+
+def test_grouped_experts_keep_the_hidden_states_once_and_nothing_when_frozen():
+    """grouped_mm: a trained gate_up keeps the hidden states once (PyTorch: once per routed expert, 8 here);
+    frozen experts keep only the gated product's codes and the routed rows."""
+    module, config, (x, index, weights) = _qwen3_moe_experts()
+    config._experts_implementation = "grouped_mm"
+    x.requires_grad_(True)
+
+    def kept():
+        return measure(lambda h: module(h, index, weights), x, backward=False).total
+
+    plain = kept()
+    _patched_experts(module)
+    trained = kept()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    frozen = kept()
+    hidden_once = x.numel() * 4
+    assert frozen < trained < plain
+    assert trained - frozen >= hidden_once            # the hidden states (once) and the down input
+    assert plain - trained > 7 * hidden_once          # PyTorch's gathered rows, one per routed expert, are gone
+
+
+def test_an_experts_implementation_slimfit_does_not_follow():
+    """At patch time: left alone with the reason. Set after patching: the layer's own forward, with a warning."""
+    module, config, (x, index, weights) = _qwen3_moe_experts(k=2)
+    config._experts_implementation = "batched_mm"
+    holder = torch.nn.ModuleDict({"experts": module})
+    slimfit.patch(holder, SlimFitConfig.paper())
+    (why,) = [why for name, _, why in holder.slimfit_summary.skipped if name == "experts"]
+    assert "batched_mm" in why
+    slimfit.unpatch(holder)
+    config._experts_implementation = "grouped_mm"
+    _patched_experts(module)
+    config._experts_implementation = "batched_mm"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = module(x.requires_grad_(True), index, weights)
+    assert any("batched_mm" in str(w.message) for w in caught)
+    with torch.no_grad():
+        expected = module(x, index, weights)    # no graph: the module's own forward
+    assert torch.equal(got, expected)
