@@ -11,6 +11,7 @@
     dropout(x, p=0.5, training=True, *, mode='seed', seed=None)
     matmul(a, b, *, a_bits=None, b_bits=None, group_size=128, stochastic=False)
     row_scale(y, w, *, bits=8, ...)   (y * w[..., None]: the routing product of a mixture of experts)
+    grouped_linear(x, weight, offsets, *, gather=None, mm=None, input_bits=None, ...)   (rows sorted by expert)
     attention(...)  (slimfit/autograd/attention.py)
     linear_cross_entropy(x, weight, bias, labels, *, chunk_rows=256) / causal_lm_loss(...)   (LM head, no logits kept)
     fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
@@ -30,6 +31,7 @@ from .dropout import DropoutOptions, dropout
 from .fused_attention import FusedAttentionOptions, fused_attention
 from .geglu import GeGLUOptions, geglu
 from .gelu import GELUOptions, gelu
+from .grouped_linear import grouped_linear
 from .layer_scale import LayerScaleOptions, layer_scale
 from .layernorm import layer_norm
 from .linear import LinearOptions, linear
@@ -41,7 +43,7 @@ from .sampled_linear import SampledLinearOptions
 from .silu import SiLUOptions, SwiGLUOptions, silu, swiglu
 
 __all__ = ["attention", "conv", "dropout", "fused_attention", "gelu", "layer_norm", "linear", "matmul", "rms_norm",
-           "silu", "swiglu", "geglu", "GeGLUOptions", "layer_scale", "LayerScaleOptions", "row_scale",
+           "silu", "swiglu", "geglu", "GeGLUOptions", "grouped_linear", "layer_scale", "LayerScaleOptions", "row_scale",
            "RowScaleOptions"]
 __all__ += ["causal_lm_loss", "linear_cross_entropy"]
 __all__ += ["AttentionOptions", "DropoutOptions", "FusedAttentionOptions", "GELUOptions", "LayerNormOptions",
