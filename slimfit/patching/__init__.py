@@ -8,7 +8,7 @@ import warnings
 from torch import nn
 
 from ..config import SlimFitConfig
-from . import attention_routes, disentangled, handlers, torch_attention
+from . import attention_routes, disentangled, handlers, structure, torch_attention
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
@@ -54,6 +54,7 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
     summary = PatchSummary(family=family.name if family else "generic", notes=family.notes if family else ())
     holder = SampleIds() if config.sampling is not None else None
     ctx = PatchContext(config, family, sample_ids=holder)
+    ctx.ffn_out = structure.ffn_output_linears(model, handlers.activation_classes(ctx))
 
     for name, module in model.named_modules():  # each selected module: the first handler that matches it
         if ORIGINAL_CLASS in vars(module) or id(module) in ctx.claimed:

@@ -86,6 +86,7 @@ class PatchContext:
     gelu_kinds: dict = field(default_factory=lambda: gelu_kinds())
     silu_classes: tuple = field(default_factory=lambda: silu_classes())
     conv1d: type | None = field(default_factory=lambda: conv1d_class())
+    ffn_out: frozenset = frozenset()  # ids of the MLP output projections found by structure (ffn_output_linears)
 
     @property
     def norms_full(self) -> bool:
@@ -181,6 +182,11 @@ def silu_classes() -> tuple:
     return tuple(classes)
 
 
+def activation_classes(ctx: PatchContext) -> tuple:
+    """Every activation class slimfit knows (GELUs, SiLUs, ReLU): an MLP's activation child."""
+    return (*ctx.gelu_kinds, *ctx.silu_classes, nn.ReLU)
+
+
 def conv1d_class():
     try:
         from transformers.pytorch_utils import Conv1D
@@ -214,7 +220,7 @@ def _is_conv1d(module, ctx) -> bool:
 
 def _linear_options(ctx: PatchContext, name: str, module) -> LinearOptions:
     config, family = ctx.config, ctx.family
-    is_ffn_out = family is not None and family.is_ffn_out(name)
+    is_ffn_out = id(module) in ctx.ffn_out or (family is not None and family.is_ffn_out(name))
     bits = config.ffn_out_input_bits if (is_ffn_out and config.ffn_out_input_bits) else config.linear_input_bits
     sampling = None
     if ctx.sample_ids is not None and _is_sample_target(config, family, name):

@@ -100,6 +100,43 @@ def _linear(module, name: str) -> bool:
     return isinstance(getattr(module, name, None), nn.Linear)
 
 
+def ffn_output_linears(model: nn.Module, activations: tuple) -> frozenset:
+    """ids of the linears that are an MLP's output projection by structure, whose input is the activation
+    (or gated product) output that `ffn_out_input_bits` is for:
+      a gated MLP's down projection (`gated_mlp_layout`: separate or fused gate/up);
+      in a module with an activation child (one of `activations`, an act_fn / activation_fn / act attribute,
+      or another parameter-free child that is not a dropout: BLOOM's gelu_impl), the linear I -> H paired
+      with its one expanding linear H -> I, I > H, H the model's hidden size where its config says it
+      (GPT-NeoX, Phi, Falcon, GPT-J, StarCoder2, BLOOM, OPT's decoder layer, whose attention linears are
+      H -> H; a bottleneck adapter's H -> r -> H is not an MLP).
+    An MLP split over sibling modules (BERT's intermediate / output) cannot be seen here: families name it."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    found = set()
+    for module in model.modules():
+        layout = gated_mlp_layout(module)
+        if layout is not None:
+            found.add(id(module.down_proj if layout == "separate" else getattr(module, fused_gated_names(module)[1])))
+            continue
+        children = list(module.children())
+        if not any(_is_activation(child, activations) for child in children) and \
+                activation_attribute(module, (nn.Module,)) is None:
+            continue
+        linears = [child for child in children if isinstance(child, nn.Linear)]
+        outputs = [b for a in linears for b in linears
+                   if a.out_features > a.in_features and (hidden is None or a.in_features == hidden)
+                   and (b.in_features, b.out_features) == (a.out_features, a.in_features)]
+        if len(outputs) == 1:
+            found.add(id(outputs[0]))
+    return frozenset(found)
+
+
+def _is_activation(child: nn.Module, activations: tuple) -> bool:
+    if isinstance(child, activations):
+        return True
+    return (not isinstance(child, nn.Dropout) and next(child.parameters(), None) is None
+            and next(child.buffers(), None) is None and next(child.children(), None) is None)
+
+
 def gated_mlp_layout(module: nn.Module) -> str | None:
     """'separate' (gate_proj, up_proj, down_proj), 'fused' (one linear producing [gate, up], then the down
     projection: fused_gated_names), or None."""

@@ -1,7 +1,9 @@
 """Per-family knowledge the generic patch cannot infer, one file per family (`<family>.py`, each
 defining `FAMILY`), listed once in `_MODULES` below:
 
-* which linear is the FFN output projection (its input is the activation output: ffn_out_input_bits),
+* which linear is the FFN output projection (its input is the activation output: ffn_out_input_bits) where
+  structure cannot tell (structure.ffn_output_linears finds it inside one MLP module; BERT's is split
+  over two sibling modules),
 * which linears get WTA-CRS sampled weight gradients (the attention output projection and the FFN
   linears, never Q/K/V, as in the paper),
 * which module classes slimfit recognises by name (SwiGLU MLPs, Llama-formula RMSNorms) or knows it
