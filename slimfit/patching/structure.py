@@ -104,12 +104,12 @@ def ffn_output_linears(model: nn.Module, activations: tuple) -> frozenset:
     """ids of the linears that are an MLP's output projection by structure, whose input is the activation
     (or gated product) output that `ffn_out_input_bits` is for:
       a gated MLP's down projection (`gated_mlp_layout`: separate or fused gate/up);
-      in a module with an activation child (one of `activations`, an act_fn / activation_fn / act attribute,
-      or another parameter-free child that is not a dropout: BLOOM's gelu_impl), the linear I -> H paired
-      with its one expanding linear H -> I, I > H, H the model's hidden size where its config says it
-      (GPT-NeoX, Phi, Falcon, GPT-J, StarCoder2, BLOOM, OPT's decoder layer, whose attention linears are
-      H -> H; a bottleneck adapter's H -> r -> H is not an MLP).
-    An MLP split over sibling modules (BERT's intermediate / output) cannot be seen here: families name it."""
+      beside an activation child (one of `activations`, an act_fn / activation_fn / act attribute, or another
+      parameter-free child that is not a dropout: BLOOM's gelu_impl) and one expanding linear H -> I (I > H,
+      H the model's hidden size where its config says it), the linear I -> H: in the same module (GPT-NeoX,
+      Phi, Falcon, GPT-J, StarCoder2, BLOOM, OPT's decoder layer, whose attention linears are H -> H) or, when
+      the MLP is split over two sibling modules, the one sibling's linear child I -> H (BERT, DeBERTa, ViT:
+      intermediate.dense, output.dense). A bottleneck adapter's H -> r -> H is no MLP (r < H)."""
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     found = set()
     for module in model.modules():
@@ -117,17 +117,40 @@ def ffn_output_linears(model: nn.Module, activations: tuple) -> frozenset:
         if layout is not None:
             found.add(id(module.down_proj if layout == "separate" else getattr(module, fused_gated_names(module)[1])))
             continue
-        children = list(module.children())
-        if not any(_is_activation(child, activations) for child in children) and \
-                activation_attribute(module, (nn.Module,)) is None:
+        expanding = _expanding(module, activations, hidden)
+        if expanding is None:
             continue
-        linears = [child for child in children if isinstance(child, nn.Linear)]
-        outputs = [b for a in linears for b in linears
-                   if a.out_features > a.in_features and (hidden is None or a.in_features == hidden)
-                   and (b.in_features, b.out_features) == (a.out_features, a.in_features)]
-        if len(outputs) == 1:
-            found.add(id(outputs[0]))
+        inside = _contracting(module.children(), expanding)
+        if len(inside) == 1:
+            found.add(id(inside[0]))
+    for parent in model.modules():  # an MLP split over sibling modules
+        children = list(parent.children())
+        for child in children:
+            expanding = _expanding(child, activations, hidden)
+            if expanding is None or _contracting(child.children(), expanding):
+                continue
+            beside = _contracting((grandchild for sibling in children if sibling is not child
+                                   for grandchild in sibling.children()), expanding)
+            if len(beside) == 1:
+                found.add(id(beside[0]))
     return frozenset(found)
+
+
+def _expanding(module: nn.Module, activations: tuple, hidden: int | None) -> nn.Linear | None:
+    """The one linear child H -> I (I > H; H == hidden when known) of a module with an activation child."""
+    children = list(module.children())
+    if not any(_is_activation(child, activations) for child in children) and \
+            activation_attribute(module, (nn.Module,)) is None:
+        return None
+    expanding = [child for child in children if isinstance(child, nn.Linear) and child.out_features > child.in_features
+                 and (hidden is None or child.in_features == hidden)]
+    return expanding[0] if len(expanding) == 1 else None
+
+
+def _contracting(candidates, expanding: nn.Linear) -> list:
+    """The linears among `candidates` that map the expanding linear's I back to its H."""
+    return [c for c in candidates if isinstance(c, nn.Linear)
+            and (c.in_features, c.out_features) == (expanding.out_features, expanding.in_features)]
 
 
 def _is_activation(child: nn.Module, activations: tuple) -> bool:

@@ -13,6 +13,7 @@ from slimfit import SlimFitConfig
 from slimfit.patching import handlers, structure
 
 from .decoder_zoo import DECODERS, build_decoder
+from .encoder_zoo import MODELS, build_model
 
 # the last name of each decoder's MLP output projection (the MoE layers' experts take the bits themselves)
 OUTPUT = {"phi": "fc2", "opt": "fc2", "gpt_neox": "dense_4h_to_h", "falcon": "dense_4h_to_h",
@@ -33,6 +34,24 @@ def test_the_mlp_output_projection_and_only_it_keeps_its_input_at_ffn_out_bits(n
     if expected:   # one per layer
         assert sum(n.endswith("." + expected) and "input 8-bit" in why for n, why in linears.items()) == \
             model.config.num_hidden_layers
+
+
+# encoders: the MLP inside one module (ViT's mlp.fc2, T5's DenseReluDense.wo) or split over two siblings
+# (BERT's intermediate.dense and output.dense: the latter, never attention.output.dense)
+ENCODER_OUTPUT = {"albert": "ffn_output", "modernbert": "mlp.Wo", "vit": "mlp.fc2", "deit": "mlp.fc2",
+                  "dinov2": "mlp.fc2", "beit": "mlp.fc2", "t5": "DenseReluDense.wo", "bart": "fc2"}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_encoders_mlp_output_projection_by_structure(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_model(name)
+        model = built[0] if isinstance(built, tuple) else built
+        slimfit.patch(model, SlimFitConfig.paper())
+    eight_bit = [n for n, kind, why in model.slimfit_summary.patched if kind == "linear" and "input 8-bit" in why]
+    expected = ENCODER_OUTPUT.get(name, "output.dense")
+    assert eight_bit and all(n.endswith("." + expected) and ".attention." not in n for n in eight_bit)
 
 
 class _Adapter(nn.Module):
@@ -67,8 +86,31 @@ class _ParamFreeAct(nn.Module):
         return torch.tanh(x) * x
 
 
+class _Intermediate(nn.Module):
+    def __init__(self, hidden=32, inner=128):
+        super().__init__()
+        self.dense, self.act = nn.Linear(hidden, inner), nn.GELU()
+
+
+class _Output(nn.Module):
+    def __init__(self, hidden=32, inner=128):
+        super().__init__()
+        self.dense, self.norm = nn.Linear(inner, hidden), nn.LayerNorm(hidden)
+
+
+class _SplitLayer(nn.Module):
+    """BERT's layout: the MLP's two linears in sibling modules, beside an attention output H -> H."""
+
+    def __init__(self, hidden=32):
+        super().__init__()
+        self.config = type("Config", (), {"hidden_size": hidden})()
+        self.attention_output = nn.Linear(hidden, hidden)
+        self.intermediate, self.output = _Intermediate(hidden), _Output(hidden)
+
+
 def test_structure_finds_the_mlp_output_and_not_an_adapter():
     assert _found(_Block()) == {"mlp.fc_out"}
+    assert _found(_SplitLayer()) == {"output.dense"}
     assert _found(_Block(mlp=_MLP(act=_ParamFreeAct()))) == {"mlp.fc_out"}   # an activation of no known class
     no_act = _MLP(act=nn.Dropout(0.1))
     assert _found(_Block(mlp=no_act)) == set()                                  # two linears, no activation
