@@ -45,7 +45,10 @@ def grouped_weight_grad(rows: torch.Tensor, grad: torch.Tensor, offsets: torch.T
     """(E, out, in): each expert's grad rows^T @ its input rows, as PyTorch's grouped_mm backward forms it
     (rows^T grad per group, then transposed), zero for an expert with no rows."""
     if hasattr(F, "grouped_mm"):
-        return F.grouped_mm(rows.t(), grad, offs=offsets).transpose(-2, -1)
+        try:
+            return F.grouped_mm(rows.t(), grad, offs=offsets).transpose(-2, -1)
+        except (RuntimeError, NotImplementedError):   # a device or dtype its kernel does not take: per expert
+            pass
     out = grad.new_zeros(offsets.numel(), grad.shape[1], rows.shape[1])
     start = 0
     for e, end in enumerate(offsets.tolist()):

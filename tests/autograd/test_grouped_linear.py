@@ -1,6 +1,8 @@
 """slimfit.autograd.grouped_linear: rows sorted by expert through their expert's weight. Output and gradients
 bit-identical to PyTorch's grouped_mm under autograd (with the rows gathered as transformers gathers them);
 a frozen weight saves nothing; a trained one keeps the gather's source once, in full or quantized."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,3 +106,18 @@ def test_bad_arguments_name_the_problem():
         grouped_linear(x.long(), w, offsets)
     with pytest.raises(ValueError, match="bits"):
         grouped_linear(x, w, offsets, input_bits=3)
+
+
+def test_weight_gradient_without_pytorchs_grouped_mm(monkeypatch):
+    """Where grouped_mm cannot run (no kernel for the device or dtype), one mm per expert: the same values."""
+    module = importlib.import_module("slimfit.autograd.grouped_linear")   # the package exports the function
+
+    x, w, offsets, gather, g = _routed(4)
+    rows = x.detach()[gather]
+    expected = module.grouped_weight_grad(rows, g, offsets)
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("no kernel here")
+
+    monkeypatch.setattr(module.F, "grouped_mm", refuse)
+    torch.testing.assert_close(module.grouped_weight_grad(rows, g, offsets), expected, rtol=1e-5, atol=1e-5)
