@@ -12,9 +12,11 @@ counts every storage as the CPU measurement does (the same tracker, the same ops
 
 The scheduler's step (after the optimizer's) runs on fake tensors too while the trained layers are small
 (SCHEDULER_RUN_NUMEL: its CPU scoring walks the weights in blocks of 32K elements, a dozen ops each, which
-for a large model is most of the prediction's time); above that, only its weight snapshots are counted,
-as stand-ins of the same size: its own temporaries are a few blocks (under 1 MiB), far below the
-gradients and AdamW temporaries of the optimizer step before it, so it cannot hold the peak there.
+for a large model is most of the prediction's time); above that it is not run: its weight snapshots are
+taken by the optimizer's step pre-hook in the step itself (with an optimizer attached; without one they
+are stand-ins of the same size, live from the step's start), and its own temporaries are a few blocks
+(under 1 MiB), far below the gradients and AdamW temporaries of the optimizer step before it, so it
+cannot hold the peak there.
 """
 from __future__ import annotations
 
@@ -90,6 +92,10 @@ def _after_step(step: Step, mode: PlanMode):
             mode.numbers = True
             step.after_step()
         return run
+    if step.scheduler.snapshots_on_update:
+        # its snapshots are taken in the optimizer's step pre-hook (fake clones the tracker counts from
+        # there); its step, which drops them, runs after the peak
+        return None
     snapshots = [torch.empty_like(p, requires_grad=False) for p in trained]
 
     def touch():

@@ -11,16 +11,18 @@ Plain loop::
         sched.step()          # after optimizer.step(): score, then choose next step's frozen set
 
 What ``step()`` does, in order:
- 1. scores the layers trained in the step that just ended against their snapshot taken at
-    the previous ``step()`` (one batched reduction, one host transfer; see ``scores.py``);
-    frozen layers keep their stale scores;
+ 1. scores the layers trained in the step that just ended against their snapshot (one batched
+    reduction, one host transfer; see ``scores.py``); frozen layers keep their stale scores;
  2. under torch.distributed, rank 0's scores are broadcast (one collective; ``ddp.py``);
  3. chooses the next trained set (``selection.py``): never-trained layers first (round
     robin from seeded random initial scores), then the highest scores; ``round(rate * L)``
     layers are frozen, or more if a memory budget needs it (``budget.py``);
  4. flips ``requires_grad`` (and drops ``.grad`` of newly frozen layers);
- 5. snapshots the weights of the layers that will train (frozen layers do not move, so
-    only trained layers need a snapshot: (1 - rate) of the weights, not a full copy).
+ 5. drops the snapshots. With an attached optimizer the next ones are taken right before the weights
+    move (the optimizer's step pre-hook; with slimfit.optim.step_in_backward, right before each
+    parameter's own step), so they are not alive through forward and backward, where the step's peak
+    usually is; without one (or with sharded parameters) they are taken here. Only the layers that
+    train are snapshotted (frozen layers do not move): (1 - rate) of the weights, not a full copy.
 
 The only contract with the rest of slimfit is ``param.requires_grad``.
 """
@@ -167,6 +169,7 @@ class ILSScheduler:
         named, self.scheduled_kinds, self.always_train = _scheduled_layers(candidates, module, self.config)
         self.names: list[str] = [n for n, _ in named]
         self.params: list[nn.Parameter] = [p for _, p in named]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         self._bytes, self.base_bytes = _layer_bytes(self.config, named, candidates)
         self._init_state()
         self._decide(first=True)
@@ -292,8 +295,11 @@ class ILSScheduler:
         check_optimizer_coverage(optimizer, self.names, self.params)
         if self._guard is not None:
             self._guard.remove()
+        snapshot = None if self._sharded else weak_method(self._snapshot_before_update)
         self._guard = FrozenGradGuard(optimizer, weak_method(self._frozen_params, default=[]),
-                                      frozen_update=self.config.experimental.frozen_update)
+                                      frozen_update=self.config.experimental.frozen_update, before_update=snapshot)
+        if self.snapshots_on_update:
+            self._snap.clear()   # taken right before the weights move from now on
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
         self._attach_frozen_state(optimizer)
@@ -363,7 +369,10 @@ class ILSScheduler:
         self._step += 1
         self._decide(first=False)
         self._apply()
-        self._snapshot(refresh=not in_pass)
+        if self.snapshots_on_update:
+            self._snap.clear()
+        else:
+            self._snapshot(refresh=not in_pass)
         after = self.config.release_state_after
         if after is not None and self._guard is not None:
             long_frozen = (~self._trained) & (self._age >= after)
@@ -411,7 +420,10 @@ class ILSScheduler:
             for i in self._trained.nonzero().flatten().tolist():
                 p = self.params[i]
                 self._snap[i] = snaps[self.names[i]].to(device=p.device, dtype=p.dtype).clone()
-        self._snapshot(refresh=not snaps)
+        if not self.snapshots_on_update:
+            self._snapshot(refresh=not snaps)
+        # else: saved mid-step (between optimizer.step() and step()), the loaded snapshots are the ones
+        # this step()'s scores need; saved between steps, there are none until the next update
         if self._guard is not None:
             self._opt_steps_seen = self._guard.steps
 
@@ -511,8 +523,21 @@ class ILSScheduler:
         also refreshed their snapshots (CPU and sharded layers: while the blocks are in cache)."""
         if not idx:
             return False
+        missing = [i for i in idx if i not in self._snap]
+        if missing:
+            if self.snapshots_on_update:
+                # a trained layer with no snapshot never reached its update (step_in_backward: no
+                # gradient): it did not move, which scores 0 in every score
+                it = torch.tensor(missing, dtype=torch.long)
+                self._scores[it], self._seen[it] = 0.0, True
+            # else the optimizer was detached since the update: no W_old to score against this once
+            idx = [i for i in idx if i in self._snap]
+            if not idx:
+                return False
         flags = [self._zero_flags[i] for i in idx]
-        in_pass = self._sharded or all(self.params[i].device.type == "cpu" for i in idx)
+        # CPU and sharded layers refresh their snapshots in the scoring pass, unless none are kept between steps
+        in_pass = not self.snapshots_on_update and (
+            self._sharded or all(self.params[i].device.type == "cpu" for i in idx))
         if self._sharded:
             vals = sharded_scores(self.config.effective_score, [self._snap[i] for i in idx],
                                   [self.params[i] for i in idx], group=self._group, refresh=True)
@@ -546,7 +571,7 @@ class ILSScheduler:
         counts = (self._train_count + self._trained.long()).tolist()
         factors = [min(cap, steps / counts[i]) for i in idx]
         for i, f in zip(idx, factors):
-            if f != 1.0:
+            if f != 1.0 and i in self._snap:   # (no snapshot: the layer did not move)
                 # p + (f - 1) (p - snap) == lerp(p, snap, 1 - f)
                 local_tensor(self.params[i]).lerp_(self._snap[i], 1.0 - f)
         return factors
@@ -588,6 +613,24 @@ class ILSScheduler:
             if not t and p.grad is not None:
                 p.grad = None
         self._run_frozen_set_hooks()
+
+    @property
+    def snapshots_on_update(self) -> bool:
+        """True when the weight snapshots are taken right before the optimizer moves the weights (an
+        optimizer is attached and the parameters are not sharded) rather than at every ``step()``."""
+        return self._guard is not None and not self._sharded
+
+    @torch.no_grad()
+    def _snapshot_before_update(self, params) -> None:
+        """The optimizer is about to move `params` (None: every parameter it holds): snapshot the trained
+        layers among them that have none yet this step."""
+        if params is None:
+            idx = self._trained.nonzero().flatten().tolist()
+        else:
+            idx = [i for i in (self._index.get(id(p)) for p in params) if i is not None and bool(self._trained[i])]
+        for i in idx:
+            if i not in self._snap:
+                self._snap[i] = local_tensor(self.params[i]).clone()
 
     @torch.no_grad()
     def _snapshot(self, refresh: bool = True) -> None:

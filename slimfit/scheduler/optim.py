@@ -12,6 +12,9 @@ versions left zero tensors behind). So:
   routes. It is a pointer assignment per frozen parameter: no kernel, no host sync.
 * a step post-hook counts optimizer steps, so the scheduler can tell a skipped step (AMP's
   GradScaler skips the update on inf/NaN) from a real one.
+* ``before_update`` (the scheduler's weight snapshots) runs right before the weights move: in the
+  step pre-hook, and for an optimizer that steps each parameter inside backward
+  (slimfit.optim.step_in_backward) right before each parameter's own step.
 
 Optimizer state (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``) is untouched: torch
 optimizers skip a parameter with no grad and keep its state, so a layer resumes with its
@@ -96,7 +99,8 @@ def weak_method(method, default=None) -> Callable:
 class FrozenGradGuard:
     """Hooks on one optimizer. ``frozen_params`` returns the parameters frozen right now."""
 
-    def __init__(self, optimizer, frozen_params: Callable[[], list], frozen_update: str = "none"):
+    def __init__(self, optimizer, frozen_params: Callable[[], list], frozen_update: str = "none",
+                 before_update: Callable | None = None):
         if not isinstance(frozen_update, str) or frozen_update not in FROZEN_UPDATES:
             raise ValueError(f"frozen_update must be one of {FROZEN_UPDATES}, got {frozen_update!r}")
         if not callable(frozen_params):
@@ -112,6 +116,11 @@ class FrozenGradGuard:
         self._shared_zeros: dict = {}
         self._pre = self.optimizer.register_step_pre_hook(weak_method(self._pre_hook))
         self._post = self.optimizer.register_step_post_hook(weak_method(self._post_hook))
+        # before_update(params): params about to move (None: every parameter the step may update)
+        self._before_update = before_update
+        self._param_pre = None
+        if before_update is not None and hasattr(self.optimizer, "register_param_step_pre_hook"):
+            self._param_pre = self.optimizer.register_param_step_pre_hook(weak_method(self._param_pre_hook))
 
     def _zeros(self, p: torch.Tensor) -> torch.Tensor:
         if not _reads_grads_only(self.optimizer):
@@ -122,7 +131,12 @@ class FrozenGradGuard:
             z = self._shared_zeros[key] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         return z
 
+    def _param_pre_hook(self, p):
+        self._before_update([p])
+
     def _pre_hook(self, optimizer, args, kwargs):
+        if self._before_update is not None and self._param_pre is None:   # else: each parameter's own hook
+            self._before_update(None)
         momentum = self.frozen_update == "momentum"
         state = self.optimizer.state
         for p in self._frozen_params():
@@ -153,3 +167,5 @@ class FrozenGradGuard:
     def remove(self) -> None:
         self._pre.remove()
         self._post.remove()
+        if self._param_pre is not None:
+            self._param_pre.remove()
