@@ -8,6 +8,7 @@ run instead, measured in one run, one table per model and shape.
     python -m bench.frontier --cases bert-64,smollm2-8192
     python -m bench.frontier --quick               # 2-layer models, tiny shapes, every method: writes nothing
     python -m bench.frontier --render-only         # the Markdown and PNG again from the CSV
+    python -m bench.frontier --cases bert-16 --methods sdpa,slimfit-paper+q8 --force   # measured again
 
 Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every row sees the same weights):
   sdpa                  full fine-tuning, PyTorch's SDPA attention (the transformers default)
@@ -271,6 +272,12 @@ def _num(row: dict, field: str) -> float | None:
         return None
 
 
+def latest(rows: list[dict]) -> list[dict]:
+    """Each (case, method, dtype)'s last row (a row measured again with --force replaces the older one)."""
+    last = {(r["case"], r["method"], r.get("dtype") or "fp32"): r for r in rows}
+    return list(last.values())
+
+
 def dominating(peer: dict, rows: list[dict]) -> list[dict]:
     """The slimfit rows of the peer's case with no more step peak and no more step time than the peer."""
     peak, time = _num(peer, "step_peak_mib"), _num(peer, "step_s")
@@ -343,6 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2, help="timed steps per row (median)")
     p.add_argument("--quick", action="store_true", help="2-layer models, batch 2, seq 32; writes nothing")
     p.add_argument("--render-only", action="store_true", help="the Markdown and PNG again from the CSV")
+    p.add_argument("--force", action="store_true", help="measure the named rows again (a new row, the one shown)")
     p.add_argument("--out", default=None, help="results folder (default bench/results)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (results: frontier_cpu.* or frontier_gpu.*)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="fp32, or bf16 autocast")
@@ -383,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in methods:
                 if METHODS[name].decoder_only and not CASES[case][0].startswith("smollm"):
                     continue
-                if any(r["case"] == case and r["method"] == name and (r.get("dtype") or "fp32") == args.dtype
-                       for r in done):
+                if not args.force and any(r["case"] == case and r["method"] == name
+                                          and (r.get("dtype") or "fp32") == args.dtype for r in done):
                     continue
                 row = measure_row(case, name, args)
                 print(f"{case:14s} {name:26s} {row.get('step_peak_mib', '-')!s:>10} MiB "
@@ -392,11 +400,12 @@ def main(argv: list[str] | None = None) -> int:
                 done.append(row)
                 if not args.quick:
                     _results.append_row(csv_path, row, FIELDS)
-    text = markdown([r for r in done if r["case"] in cases or args.render_only], _header(args, done))
+    rows = latest(done)
+    text = markdown([r for r in rows if r["case"] in cases or args.render_only], _header(args, rows))
     print(text)
     if not args.quick:
         _results.write_text(_results.results_path("frontier", "md", args.device, args.out), text)
-        plot(done, _results.results_path("frontier", "png", args.device, args.out))
+        plot(rows, _results.results_path("frontier", "png", args.device, args.out))
     return 0
 
 
