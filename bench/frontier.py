@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.quick:
                     _results.append_row(csv_path, row, FIELDS)
     rows = latest(done)
-    text = markdown([r for r in rows if r["case"] in cases or args.render_only], _header(args, rows))
+    # every case of the CSV (a run of some cases must not drop the others' tables); --quick: this run's rows
+    text = markdown(rows, _header(args, rows))
     print(text)
     if not args.quick:
         _results.write_text(_results.results_path("frontier", "md", args.device, args.out), text)
