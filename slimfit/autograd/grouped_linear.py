@@ -62,7 +62,7 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, offsets, gather, mm, options):
         rows = x if gather is None else x[gather]
-        out = mm(rows.to(weight.dtype), weight, offsets)
+        out = mm(rows.to(weight.dtype), weight.transpose(-2, -1), offsets)   # weight (E, out, in) as (E, in, out)
         need_x, need_w = ctx.needs_input_grad[:2]
         source = None
         if need_w:
@@ -80,7 +80,7 @@ class _GroupedLinear(torch.autograd.Function):
         grad_x = grad_w = None
         g = grad_out.to(ctx.w_dtype)
         if need_x:
-            grad_rows = ctx.mm(g, weight.transpose(-2, -1), offsets)   # g @ weight[e]: (S, out) -> (S, in)
+            grad_rows = ctx.mm(g, weight, offsets)   # g @ weight[e]: (S, out) -> (S, in)
             if gather is None:
                 grad_x = grad_rows.to(ctx.x_dtype)
             else:
@@ -127,8 +127,7 @@ def grouped_linear(
     if gather is not None and (gather.dim() != 1 or gather.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"slimfit.grouped_linear: gather must be 1-D int32/int64 row indices into x, got "
                          f"{tuple(gather.shape)} {gather.dtype}")
-    mm = mm or (lambda rows, weight_t, offs: _grouped_mm(rows, weight_t, offs))
-    forward = lambda rows, w, offs: mm(rows, w.transpose(-2, -1), offs)  # noqa: E731 - (E, out, in) as (E, in, out)
+    mm = mm or _grouped_mm
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-        return forward((x if gather is None else x[gather]).to(weight.dtype), weight, offsets)
-    return _GroupedLinear.apply(x, weight, offsets, gather, forward, options)
+        return mm((x if gather is None else x[gather]).to(weight.dtype), weight.transpose(-2, -1), offsets)
+    return _GroupedLinear.apply(x, weight, offsets, gather, mm, options)

@@ -18,6 +18,7 @@ rows times routing weights) its rows at the FFN output side's bits.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -67,8 +68,10 @@ def implementation(module: nn.Module) -> str:
     return getattr(getattr(module, "config", None), "_experts_implementation", None) or "eager"
 
 
+@functools.cache
 def model_grouped_linear():
-    """transformers' grouped linear (what its grouped_mm experts forward multiplies with), or None."""
+    """transformers' grouped linear (what its grouped_mm experts forward multiplies with), or None (looked up
+    once: every experts forward uses it)."""
     try:
         from transformers.integrations.moe import _grouped_linear
     except ImportError:

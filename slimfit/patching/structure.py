@@ -112,6 +112,7 @@ def ffn_output_linears(model: nn.Module, activations: tuple) -> frozenset:
       intermediate.dense, output.dense). A bottleneck adapter's H -> r -> H is no MLP (r < H)."""
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     found = set()
+    split = {}   # id of a module holding an activation and an expanding linear but not its partner -> that linear
     for module in model.modules():
         layout = gated_mlp_layout(module)
         if layout is not None:
@@ -123,11 +124,13 @@ def ffn_output_linears(model: nn.Module, activations: tuple) -> frozenset:
         inside = _contracting(module.children(), expanding)
         if len(inside) == 1:
             found.add(id(inside[0]))
+        elif not inside:
+            split[id(module)] = expanding
     for parent in model.modules():  # an MLP split over sibling modules
         children = list(parent.children())
         for child in children:
-            expanding = _expanding(child, activations, hidden)
-            if expanding is None or _contracting(child.children(), expanding):
+            expanding = split.get(id(child))
+            if expanding is None:
                 continue
             beside = _contracting((grandchild for sibling in children if sibling is not child
                                    for grandchild in sibling.children()), expanding)
