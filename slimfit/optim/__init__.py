@@ -1,6 +1,6 @@
 """Optimizer-side memory: what AdamW costs beyond the weights, gradients and activations (docs/optim.md).
 
-Two opt-in tools, usable together:
+Three tools, usable together:
 
   frozen state     ``attach_frozen_state(scheduler, optimizer, mode="compress" | "offload")``: while the
                    scheduler keeps a layer frozen, its optimizer state is held 8-bit (3.76x fewer bytes) or on
@@ -10,14 +10,18 @@ Two opt-in tools, usable together:
                    own optimizer as soon as its gradient is ready, and the gradient freed (in_backward.py):
                    the whole model's gradients and the multi-tensor optimizer's temporaries are never alive
                    at once.
+  chunked step     ``attach_chunked_step(optimizer)``: torch's Adam/AdamW step taken at most 2**20
+                   elements at a time, bit for bit the same (chunked_step.py); the scheduler attaches one
+                   by default (``SchedulerConfig.step_chunk_numel``) and scores its trained layers in it.
 
 The scheduler (slimfit.scheduler, pure Python) knows nothing of this package: FrozenState registers a
 callback with ``ILSScheduler.register_frozen_set_hook``, and this package registers the factory that
 ``SchedulerConfig(frozen_state="compress" | "offload")`` calls (slimfit/scheduler/extensions.py).
 """
-from slimfit.scheduler.extensions import register_frozen_state
+from slimfit.scheduler.extensions import register_chunked_step, register_frozen_state
 
 from .checkpoint import restore_state
+from .chunked_step import ChunkedStep, attach_chunked_step
 from .codec import decode, encode, encoded_nbytes
 from .frozen_state import MODES, FrozenState, attach_frozen_state
 from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
@@ -26,8 +30,9 @@ from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
 # seeds follow the run's seed (rank 0's under torch.distributed, so that every replica rounds alike)
 register_frozen_state(lambda scheduler, optimizer, mode: attach_frozen_state(scheduler, optimizer, mode=mode,
                                                                              seed=scheduler.run_seed % 2**62))
+register_chunked_step(attach_chunked_step)
 
 __all__ = [
     "FrozenState", "attach_frozen_state", "MODES", "restore_state", "encode", "decode", "encoded_nbytes",
-    "InBackwardOptimizer", "step_in_backward", "CLIPPING_OPTIONS",
+    "InBackwardOptimizer", "step_in_backward", "CLIPPING_OPTIONS", "ChunkedStep", "attach_chunked_step",
 ]

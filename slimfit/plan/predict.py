@@ -105,6 +105,28 @@ def _after_step(step: Step, mode: PlanMode):
     return touch
 
 
+@contextlib.contextmanager
+def _numbers_in_optimizer_steps(mode: PlanMode):
+    """Numbers read from fake data answered inside every optimizer step (0), as in the scheduler's step: the
+    scheduler scores its trained layers inside a chunked optimizer step (slimfit/scheduler/in_step.py).
+    Global hooks: the optimizer's own hooks (the chunked step's among them) come after them; also for the
+    per-parameter optimizers of a step in backward."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def on(optimizer, args, kwargs):
+        mode.numbers = True
+
+    def off(optimizer, args, kwargs):
+        mode.numbers = False
+
+    handles = [register_optimizer_step_pre_hook(on), register_optimizer_step_post_hook(off)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = False) -> Prediction:
     """Predict the whole step's peak memory of `spec` without allocating it (fake tensors). freeze_all: with
     every layer the scheduler would schedule frozen (the base of a budget, slimfit/plan/budget.py)."""
@@ -118,7 +140,7 @@ def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = Fals
     with torch.random.fork_rng(devices=[]), open_step(spec, fake=fake, ref=ref, freeze_all=freeze_all) as step:
         torch.manual_seed(spec.seed)
         backends = cuda_attention_backends() if spec.device == "cuda" else contextlib.nullcontext()
-        with fake, backends, PlanMode(numbers=False, on_op=cost.add) as mode:
+        with fake, backends, PlanMode(numbers=False, on_op=cost.add) as mode, _numbers_in_optimizer_steps(mode):
             after = _after_step(step, mode)
             cost.active = True
             memory = step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=after,

@@ -49,7 +49,10 @@ EXPERIMENTAL_SCORES = tuple(s for s in SCORES if s not in MAIN_SCORES)
 UPDATE_SCALES = ("none", "share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
-RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel")
+RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel", "step_chunk_numel")
+# step_chunk_numel: elements per call of the chunked optimizer step (slimfit.optim.ChunkedStep); 2**20 is
+# 4 MiB per fp32 temporary and a multiple of the score's block (scores.BLOCK_NUMEL).
+DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
 # frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState);
 # "auto" is "compress" unless the experimental frozen_update="momentum" reads that state every step.
 FROZEN_STATES = ("compress", "offload")
@@ -255,6 +258,8 @@ _CHECKS = {
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
+    "step_chunk_numel": lambda c, v: _int(_C, "step_chunk_numel", v, 1, "elements per call of the optimizer step",
+                                          DEFAULT_STEP_CHUNK_NUMEL, optional=True),
     "experimental": _experimental,
 }
 
@@ -336,6 +341,11 @@ class SchedulerConfig:
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
+    step_chunk_numel   with an attached torch Adam/AdamW (not fused), its step updates at most this many
+                       elements at a time (the same arithmetic, the same weights bit for bit) and the trained
+                       layers are scored as they are updated, so neither torch's temporaries the size of the
+                       largest (CPU) or of every (CUDA foreach) trained parameter nor the weight snapshots
+                       exist (slimfit.optim.ChunkedStep; docs/optim.md). None: the optimizer's own step.
     experimental       ExperimentalOptions: options measured neutral or harmful, off by default.
     version            the format of to_dict(); set by slimfit, not an argument.
 
@@ -361,6 +371,7 @@ class SchedulerConfig:
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
+    step_chunk_numel: Optional[int] = DEFAULT_STEP_CHUNK_NUMEL
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)
 

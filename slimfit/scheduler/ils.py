@@ -18,11 +18,13 @@ What ``step()`` does, in order:
     robin from seeded random initial scores), then the highest scores; ``round(rate * L)``
     layers are frozen, or more if a memory budget needs it (``budget.py``);
  4. flips ``requires_grad`` (and drops ``.grad`` of newly frozen layers);
- 5. drops the snapshots. With an attached optimizer the next ones are taken right before the weights
-    move (the optimizer's step pre-hook; with slimfit.optim.step_in_backward, right before each
-    parameter's own step), so they are not alive through forward and backward, where the step's peak
-    usually is; without one (or with sharded parameters) they are taken here. Only the layers that
-    train are snapshotted (frozen layers do not move): (1 - rate) of the weights, not a full copy.
+ 5. drops the snapshots. With an attached torch Adam/AdamW (the default ``step_chunk_numel``) the step
+    is taken a piece at a time (slimfit.optim.ChunkedStep) and the trained layers are scored inside it,
+    piece by piece (in_step.py): no snapshot at all. With another attached optimizer they are taken right
+    before the weights move (the optimizer's step pre-hook; with slimfit.optim.step_in_backward, right
+    before each parameter's own step), so they are not alive through forward and backward, where the
+    step's peak usually is; without one (or with sharded parameters) they are taken here. Only the layers
+    that train are snapshotted (frozen layers do not move): (1 - rate) of the weights, not a full copy.
 
 The only contract with the rest of slimfit is ``param.requires_grad``.
 """
@@ -53,9 +55,10 @@ from .candidates import (
 )
 from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
-from .extensions import frozen_state_factory
+from .extensions import chunked_step_factory, frozen_state_factory
+from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
-from .scores import compute_scores
+from .scores import BlockSums, compute_scores
 from .selection import choose_trained, num_frozen, starved_first, training_order
 from .sharded import is_sharded, local_tensor, sharded_scores
 from .state import STATE_VERSION, check_state, config_changes
@@ -215,6 +218,9 @@ class ILSScheduler:
         self._step = 0
         self.skipped_steps = 0
         self._snap: dict[int, torch.Tensor] = {}
+        self._sums: dict = {}        # layer -> scores.BlockSums summed inside the optimizer step (in_step.py)
+        self._chunked_step = None    # config.step_chunk_numel's slimfit.optim.ChunkedStep once attached
+        self._in_step = InStepScores(self)
         self._guard: Optional[FrozenGradGuard] = None
         self._frozen_state = None  # config.frozen_state's holder (slimfit.optim.FrozenState) once attached
         self._opt_steps_seen = 0
@@ -303,9 +309,28 @@ class ILSScheduler:
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
         self._attach_frozen_state(optimizer)
+        self._attach_chunked_step(optimizer)
         if self._pending:
             self.apply()
         return self._guard
+
+    def _attach_chunked_step(self, optimizer) -> None:
+        """config.step_chunk_numel: the optimizer's step a piece at a time, with the trained layers scored in
+        it (in_step.py), by what slimfit.optim registered (extensions.py). Not for sharded parameters (their
+        scores are sums over shards, sharded.py), nor with update_scale="share" (it stretches each update
+        by its snapshot). Exact, so left out quietly when slimfit.optim is not loaded."""
+        if self._chunked_step is not None:
+            self._chunked_step.remove()
+            self._chunked_step = None
+        factory = chunked_step_factory()
+        if (self.config.step_chunk_numel is None or factory is None or self._sharded
+                or self.config.experimental.update_scale != "none"):
+            return
+        step = factory(optimizer, self.config.step_chunk_numel, self._in_step)
+        if step.active:
+            self._chunked_step = step
+        else:
+            step.remove()
 
     def _attach_frozen_state(self, optimizer) -> None:
         """config.frozen_state: the frozen layers' optimizer state held by what slimfit.optim registered
@@ -369,6 +394,7 @@ class ILSScheduler:
         self._step += 1
         self._decide(first=False)
         self._apply()
+        self._sums.clear()
         if self.snapshots_on_update:
             self._snap.clear()
         else:
@@ -381,7 +407,9 @@ class ILSScheduler:
     def state_dict(self, include_snapshots: bool = False) -> dict[str, Any]:
         """Everything the decisions depend on. Snapshots (weights at the last ``step()``) are
         left out by default: ``load_state_dict`` retakes them from the model, which is exact
-        when the checkpoint was written after ``step()`` and the model weights are loaded first."""
+        when the checkpoint was written after ``step()`` and the model weights are loaded first.
+        ``include_snapshots=True`` (a checkpoint written between ``optimizer.step()`` and ``step()``) adds
+        what this ``step()`` scores against: the snapshots, or the score sums made inside a chunked step."""
         sd = {
             "version": STATE_VERSION,
             "names": list(self.names),
@@ -398,6 +426,8 @@ class ILSScheduler:
         }
         if include_snapshots:
             sd["snapshots"] = {self.names[i]: t.detach().cpu().clone() for i, t in self._snap.items()}
+            if self._sums:   # scored inside the optimizer step: the sums so far, not snapshots
+                sd["in_step_sums"] = {self.names[i]: sums.sums() for i, sums in self._sums.items()}
         return sd
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -416,6 +446,9 @@ class ILSScheduler:
         self.apply()
         snaps = new["snapshots"]
         self._snap = {}
+        index = {n: i for i, n in enumerate(self.names)}
+        self._sums = {index[n]: BlockSums(self.config.effective_score, self.params[index[n]].dtype).restore(v)
+                      for n, v in new["in_step_sums"].items()}
         if snaps:
             for i in self._trained.nonzero().flatten().tolist():
                 p = self.params[i]
@@ -465,7 +498,11 @@ class ILSScheduler:
         if self._guard is not None:
             self._guard.remove()
             self._guard = None
+        if self._chunked_step is not None:
+            self._chunked_step.remove()
+            self._chunked_step = None
         self._snap = {}
+        self._sums = {}
         self._trained[:] = True
         self._run_frozen_set_hooks()   # nothing frozen: hooks put back what they held
         if self._frozen_state is not None:
@@ -523,6 +560,14 @@ class ILSScheduler:
         also refreshed their snapshots (CPU and sharded layers: while the blocks are in cache)."""
         if not idx:
             return False
+        summed = [i for i in idx if i in self._sums]
+        if summed:   # scored inside the optimizer step (in_step.py)
+            it = torch.tensor(summed, dtype=torch.long)
+            self._scores[it] = torch.tensor([self._sums[i].value() for i in summed], dtype=torch.float64)
+            self._seen[it] = True
+            idx = [i for i in idx if i not in self._sums]
+            if not idx:
+                return False
         missing = [i for i in idx if i not in self._snap]
         if missing:
             if self.snapshots_on_update:
@@ -620,10 +665,16 @@ class ILSScheduler:
         optimizer is attached and the parameters are not sharded) rather than at every ``step()``."""
         return self._guard is not None and not self._sharded
 
-    @torch.no_grad()
     def _snapshot_before_update(self, params) -> None:
-        """The optimizer is about to move `params` (None: every parameter it holds): snapshot the trained
-        layers among them that have none yet this step."""
+        """The guard's hook: the optimizer is about to move `params` (None: every parameter it holds). With
+        a chunked step the trained layers are scored inside it, which names what it leaves to the optimizer
+        (InStepScores.left_to_optimizer)."""
+        if self._chunked_step is None:
+            self._take_snapshots(params)
+
+    @torch.no_grad()
+    def _take_snapshots(self, params) -> None:
+        """Snapshot the trained layers among `params` (None: all) that have none yet this step."""
         if params is None:
             idx = self._trained.nonzero().flatten().tolist()
         else:

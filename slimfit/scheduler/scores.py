@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["SCORES", "compute_scores", "relative_scores", "relative_scores_masked", "robust_scores",
+__all__ = ["SCORES", "BlockSums", "compute_scores", "relative_scores", "relative_scores_masked", "robust_scores",
            "absolute_scores", "relative_scores_naive", "robust_scores_naive", "absolute_scores_naive"]
 
 SCORES = ("relative", "robust", "absolute")
@@ -251,6 +251,100 @@ def _foreach_scores(kind: str, o: list, w: list, flags: list, chunk_numel: int, 
 BLOCK_NUMEL = 1 << 15
 
 
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+class BlockSums:
+    """One layer's score summed over its entries piece by piece, in order: ``add(old, new)`` with flat,
+    contiguous pieces of W_old and W_new (any length), ``value()`` the score. The CPU path walks each piece
+    in blocks of BLOCK_NUMEL with the sums on the host (no kernel launch to wait for there); given the
+    pieces of a tensor in order, at offsets that are multiples of BLOCK_NUMEL, it adds the same blocks in
+    the same order as one call over the whole tensor, so its score is that one bit for bit. Other devices
+    keep the sums on the device (one piece at a time, no host sync until ``value()``)."""
+
+    def __init__(self, kind: str, dtype: torch.dtype, host: bool = True):
+        self.kind, self.acc, self.host = kind, _acc_dtype(dtype), host
+        # relative: Σ|Δ/W_old|, #kept, Σ|Δ| ; robust: Σ Δ², Σ W_old², - ; absolute: Σ|Δ|, #entries, -
+        self.total = self.count = self.moved = 0.0
+        self._buf = None
+
+    def add(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        old, new = old.detach().reshape(-1), new.detach().reshape(-1)
+        if not self.host:
+            self._add_on_device(old, new)
+            return
+        # Under fake tensors (slimfit plan) the first block stands for all: the same temporaries, and a
+        # large model's prediction does not walk millions of blocks whose numbers mean nothing there.
+        end = min(old.numel(), BLOCK_NUMEL) if _is_fake(old) else old.numel()
+        for a in range(0, end, BLOCK_NUMEL):
+            self.add_block(old[a:a + BLOCK_NUMEL], new[a:a + BLOCK_NUMEL])
+        self._buf = None   # one block's buffer while the piece is walked, not kept until the scores are read
+
+    def add_block(self, o: torch.Tensor, w: torch.Tensor) -> None:
+        """One block (at most BLOCK_NUMEL entries), sums on the host."""
+        if self.acc != o.dtype:
+            o, w = o.to(self.acc), w.to(self.acc)
+        if self._buf is None or self._buf.numel() < o.numel():
+            self._buf = torch.empty(max(o.numel(), 1), dtype=self.acc, device=o.device)
+        d = self._buf[: o.numel()]
+        torch.sub(w, o, out=d)
+        kind = self.kind
+        if kind == "relative":
+            blk = float(torch.div(d, o, out=d).norm(1, dtype=torch.float64))
+            if math.isfinite(blk):
+                self.total += blk
+                self.count += d.numel()
+            else:  # zeros in W_old: redo this block zero-aware
+                torch.sub(w, o, out=d)
+                keep = o != 0
+                dd = d[keep]
+                self.total += float((dd / o[keep]).norm(1))
+                self.count += float(keep.sum())
+                self.moved += float(d.norm(1))
+        elif kind == "absolute":
+            self.total += float(d.norm(1, dtype=torch.float64))
+            self.count += d.numel()
+        else:  # (norms, not dot: dot goes to BLAS, which brings its own threads)
+            self.total += float(d.norm()) ** 2
+            self.count += float(o.norm()) ** 2
+
+    def _add_on_device(self, o: torch.Tensor, w: torch.Tensor) -> None:
+        o, w = o.to(self.acc), w.to(self.acc)
+        d = (w - o).abs_()
+        f64 = torch.float64
+        if self.kind == "relative":   # entries with W_old == 0 left out, as the host path's zero-aware blocks
+            keep = o != 0
+            total = (d / torch.where(keep, o.abs(), torch.ones_like(o))).masked_fill_(~keep, 0).sum(dtype=f64)
+            count, moved = keep.sum(dtype=f64), d.sum(dtype=f64)
+        elif self.kind == "absolute":
+            total, count, moved = d.sum(dtype=f64), float(d.numel()), 0.0
+        else:
+            total, count, moved = d.square().sum(dtype=f64), o.square().sum(dtype=f64), 0.0
+        self.total, self.count, self.moved = self.total + total, self.count + count, self.moved + moved
+
+    def sums(self) -> list[float]:
+        """[total, count, moved] (what a mid-step checkpoint saves; ``restore`` puts them back)."""
+        return [float(v) for v in (self.total, self.count, self.moved)]
+
+    def restore(self, sums) -> "BlockSums":
+        self.total, self.count, self.moved = (float(v) for v in sums)
+        return self
+
+    def value(self) -> float:
+        total, count, moved = self.sums()
+        if self.kind == "absolute":
+            return total / count if count > 0 else 0.0
+        if self.kind == "relative":
+            if count > 0:
+                return total / count
+            return math.inf if moved > 0 else 0.0
+        if count > 0:
+            return math.sqrt(total) / math.sqrt(count)
+        return math.inf if total > 0 else 0.0
+
+
 def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: bool) -> float:
     if not (old.is_contiguous() and new.is_contiguous()):
         # rare (a transposed view as a parameter): plain formulas on whole tensors
@@ -259,46 +353,12 @@ def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: boo
             old.copy_(new)
         return val
     o_all, n_all = old.detach().view(-1), new.detach().view(-1)
-    numel = o_all.numel()
-    acc = _acc_dtype(old.dtype)
-    buf = torch.empty(min(numel, BLOCK_NUMEL), dtype=acc)
-    # relative: Σ|Δ/W_old|, #kept, Σ|Δ| ; robust: Σ Δ², Σ W_old², - ; absolute: Σ|Δ|, #entries, -
-    total = count = moved = 0.0
-    for a in range(0, numel, BLOCK_NUMEL):
-        o, w = o_all[a:a + BLOCK_NUMEL], n_all[a:a + BLOCK_NUMEL]
-        if acc != o.dtype:
-            o, w = o.to(acc), w.to(acc)
-        d = buf[: o.numel()]
-        torch.sub(w, o, out=d)
-        if kind == "relative":
-            blk = float(torch.div(d, o, out=d).norm(1, dtype=torch.float64))
-            if math.isfinite(blk):
-                total += blk
-                count += d.numel()
-            else:  # zeros in W_old: redo this block zero-aware
-                torch.sub(w, o, out=d)
-                keep = o != 0
-                dd = d[keep]
-                total += float((dd / o[keep]).norm(1))
-                count += float(keep.sum())
-                moved += float(d.norm(1))
-        elif kind == "absolute":
-            total += float(d.norm(1, dtype=torch.float64))
-            count += d.numel()
-        else:  # (norms, not dot: dot goes to BLAS, which brings its own threads)
-            total += float(d.norm()) ** 2
-            count += float(o.norm()) ** 2
+    sums = BlockSums(kind, old.dtype)
+    for a in range(0, o_all.numel(), BLOCK_NUMEL):
+        sums.add_block(o_all[a:a + BLOCK_NUMEL], n_all[a:a + BLOCK_NUMEL])
         if refresh:
             o_all[a:a + BLOCK_NUMEL].copy_(n_all[a:a + BLOCK_NUMEL])
-    if kind == "absolute":
-        return total / count if count > 0 else 0.0
-    if kind == "relative":
-        if count > 0:
-            return total / count
-        return math.inf if moved > 0 else 0.0
-    if count > 0:
-        return math.sqrt(total) / math.sqrt(count)
-    return math.inf if total > 0 else 0.0
+    return sums.value()
 
 
 def _copy_groups(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:

@@ -58,6 +58,7 @@ def check_state(state, names: list[str], shapes: list[tuple], local_shapes: list
     new["step"] = _count(state, "step")
     new["skipped_steps"] = _count(state, "skipped_steps")
     new["snapshots"] = _snapshots(state.get("snapshots"), names, local_shapes, new["trained"])
+    new["in_step_sums"] = _in_step_sums(state.get("in_step_sums"), names, new["trained"])
     config = state.get("config", {})
     if not isinstance(config, Mapping):
         raise _error(f"'config' must be a dict of options, got {_shown(config)}")
@@ -162,6 +163,24 @@ def _snapshots(snaps, names: list[str], shapes: list[tuple], trained: torch.Tens
             raise _error(f"'snapshots' must hold a tensor of shape {list(shapes[i])} for the trained layer "
                          f"{names[i]!r}, got {got}")
     return dict(snaps)
+
+
+def _in_step_sums(sums, names: list[str], trained: torch.Tensor) -> dict:
+    """Score sums of layers scored inside the optimizer step (saved mid-step): {trained layer name: [total,
+    count, moved]}, three numbers each."""
+    if not sums:
+        return {}
+    if not isinstance(sums, Mapping):
+        raise _error(f"'in_step_sums' must be a dict {{layer name: [total, count, moved]}}, got {_shown(sums)}")
+    allowed = {names[i] for i in trained.nonzero().flatten().tolist()}
+    for name, v in sums.items():
+        if name not in allowed:
+            raise _error(f"'in_step_sums' names {name!r}, which is not a layer this state trains")
+        if (not isinstance(v, (list, tuple)) or len(v) != 3
+                or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in v)):
+            raise _error(f"'in_step_sums' must hold three numbers [total, count, moved] for {name!r}, "
+                         f"got {_shown(v)}")
+    return {k: [float(x) for x in v] for k, v in sums.items()}
 
 
 def config_changes(saved: Optional[Mapping], mine: Mapping) -> dict:

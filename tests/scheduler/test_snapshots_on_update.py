@@ -1,5 +1,6 @@
-"""With an optimizer attached, the scheduler's weight snapshots are taken right before the weights move and
-dropped by its step: none is alive through forward and backward. Scores and frozen sets are those of a
+"""With an optimizer attached and its step its own (step_chunk_numel=None: the chunked step scores without
+snapshots, test_in_step_scores.py), the scheduler's weight snapshots are taken right before the weights move
+and dropped by its step: none is alive through forward and backward. Scores and frozen sets are those of a
 scheduler that snapshots at every step(), with a plain optimizer and with the optimizer step in backward."""
 import torch
 from _models import MLP, regression_data
@@ -27,7 +28,8 @@ def _run(attach: bool, in_backward: bool = False, steps: int = STEPS):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     # frozen_state=None: the default holds a frozen layer's AdamW state 8-bit, which only an attached
     # optimizer gets (its trajectory would differ for that reason alone)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt if attach else None, seed=0, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt if attach else None, seed=0, frozen_state=None,
+                         step_chunk_numel=None)
     history, alive = [], []
     for step in range(steps):
         loss = _loss(model, step)
@@ -80,7 +82,8 @@ def test_a_trained_layer_that_does_not_move_scores_zero():
     torch.manual_seed(0)
     model = _OneUnused()
     opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.0, optimizer=opt, seed=0, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.0, optimizer=opt, seed=0, frozen_state=None,
+                         step_chunk_numel=None)
     x, y = regression_data(seed=0)
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
@@ -98,7 +101,7 @@ def test_the_step_peak_no_longer_holds_the_snapshots():
         model = MLP()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt if attach else None, seed=0,
-                             frozen_state=None)
+                             frozen_state=None, step_chunk_numel=None)
         for step in range(2):
             _loss(model, step).backward()
             opt.step()
@@ -118,7 +121,8 @@ def test_detaching_the_optimizer_goes_back_to_snapshots_at_every_step():
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
+                         step_chunk_numel=None)
     _loss(model, 0).backward()
     opt.step()
     sched.step()                      # snapshots dropped

@@ -1,0 +1,194 @@
+"""torch's Adam/AdamW step taken a bounded number of elements at a time.
+
+torch's AdamW makes temporaries the size of what it updates in one call: the single-tensor path (the CPU's
+default) two the size of the largest parameter (``exp_avg_sq.sqrt() / bias_correction2_sqrt``: 178 MiB for
+BERT-base's word embedding), the foreach path (CUDA's default) one the size of every trained parameter at
+once. Those temporaries sit on top of the weights, gradients and state, at the optimizer step, which is
+where the peak of a small-batch step lies (docs/optim.md). A ChunkedStep hooks the optimizer's step: before
+torch's step runs, it updates every parameter that has a gradient through torch's own functional Adam
+(``torch.optim.adam.adam``, with the group's hyperparameters and the optimizer's own state, created by its
+own ``_init_group``) on flat views of at most ``chunk_numel`` elements (small parameters packed together),
+then drops their gradients, so torch's step finds nothing left to do. Every element sees the same arithmetic
+as in torch's step, so weights and state are the same bit for bit (tested; the step count moves once per
+parameter).
+
+What it leaves to torch's own step: optimizers other than torch.optim.Adam and AdamW themselves (a
+subclass may change the step), groups that are fused, capturable or differentiable (fused has no large
+temporaries), complex, sparse or non-contiguous parameters and tensor subclasses (DTensor), parameters
+whose state is held by slimfit.optim.FrozenState (its own hook puts it back first), and a torch whose
+``_init_group`` has another signature.
+
+An ``observer`` (the scheduler's in-step scoring) sees each piece of a parameter before and after its update:
+``observer.wants(p)`` says whether to keep the piece's old values (a copy of one piece at a time),
+``observer.piece(p, start, old, new)`` gets them, and ``observer.left_to_optimizer(params)`` names the
+parameters left to torch's step, right before it moves them (the scheduler snapshots those).
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+
+import torch
+from torch.optim import adam as _adam
+
+from slimfit.scheduler.config import DEFAULT_STEP_CHUNK_NUMEL
+from slimfit.scheduler.optim import unwrap_optimizer, weak_method
+
+from .keys import held_key
+
+__all__ = ["ChunkedStep", "attach_chunked_step", "DEFAULT_STEP_CHUNK_NUMEL"]
+
+_INIT_GROUP_ARGS = ["group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                    "state_steps"]
+
+
+def _init_group_matches() -> bool:
+    try:
+        names = list(inspect.signature(torch.optim.Adam._init_group).parameters)[1:]
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return names == _INIT_GROUP_ARGS and issubclass(torch.optim.AdamW, torch.optim.Adam)
+
+
+_SUPPORTED_TORCH = _init_group_matches()
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def supports(optimizer) -> bool:
+    """Whether a ChunkedStep can take over some of ``optimizer``'s step (see the module docstring)."""
+    return _SUPPORTED_TORCH and type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _group_ok(group) -> bool:
+    return not (group.get("fused") or group.get("capturable") or group.get("differentiable"))
+
+
+def _param_ok(p, state) -> bool:
+    g = p.grad
+    plain = type(p.detach()) is torch.Tensor or _is_fake(p)
+    return (plain and not p.is_sparse and not g.is_sparse and not p.is_complex() and p.is_contiguous()
+            and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape
+            and not any(held_key(k) for k in state))
+
+
+def _pieces(params, chunk_numel):
+    """(param index, start, end) over every parameter, each at most chunk_numel long, in order."""
+    for i, p in enumerate(params):
+        n = p.numel()
+        for a in range(0, max(n, 1), chunk_numel):
+            yield i, a, min(n, a + chunk_numel)
+
+
+def _batches(params, chunk_numel):
+    """Consecutive pieces packed into calls of at most chunk_numel elements (one piece may fill a call)."""
+    batch, size = [], 0
+    for piece in _pieces(params, chunk_numel):
+        n = piece[2] - piece[1]
+        if batch and size + n > chunk_numel:
+            yield batch
+            batch, size = [], 0
+        batch.append(piece)
+        size += n
+    if batch:
+        yield batch
+
+
+def _flat(t, a, b):
+    return t.view(-1)[a:b]
+
+
+@torch.no_grad()
+def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
+    """torch's Adam step of ``params`` (every one with a gradient), chunk by chunk, then their gradients dropped."""
+    ps, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], [], [], []
+    has_complex = optimizer._init_group({**group, "params": params}, ps, grads, exp_avgs, exp_avg_sqs, max_sqs,
+                                        steps)
+    if has_complex or len(ps) != len(params):   # (filtered out before; kept as a guard)
+        return
+    amsgrad = group["amsgrad"]
+    beta1, beta2 = group["betas"]
+    watched = [observer is not None and observer.wants(p) for p in ps]
+    before = [s.clone() for s in steps]          # every piece of a parameter starts from its step count
+    last = list(before)
+    for batch in _batches(ps, chunk_numel):
+        views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
+                  _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
+        counts = [before[i].clone() for i, _, _ in batch]
+        olds = [v[0].clone() if watched[i] else None for (i, _, _), v in zip(batch, views)]
+        _adam.adam(
+            [v[0] for v in views], [v[1] for v in views], [v[2] for v in views], [v[3] for v in views],
+            [v[4] for v in views] if amsgrad else [], counts,
+            foreach=group["foreach"], capturable=False, differentiable=False, fused=None, grad_scale=None,
+            found_inf=None, has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
+            amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=group["maximize"])
+        for (i, a, _), v, old, count in zip(batch, views, olds, counts):
+            last[i] = count
+            if old is not None:
+                observer.piece(ps[i], a, old, v[0])
+        del views, olds
+    for s, new in zip(steps, last):
+        s.copy_(new)
+    for p in ps:
+        p.grad = None
+
+
+class ChunkedStep:
+    """Takes over ``optimizer``'s step (torch.optim.Adam / AdamW) chunk by chunk: see the module docstring.
+    Its step pre-hook is registered last, so hooks registered before it (the scheduler's guard, FrozenState)
+    run first. ``remove()`` takes it off. Hooks the per-parameter optimizers of an in-backward optimizer
+    (slimfit.optim.step_in_backward) each."""
+
+    def __init__(self, optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None):
+        if isinstance(chunk_numel, bool) or not isinstance(chunk_numel, int) or chunk_numel < 1:
+            raise ValueError(f"ChunkedStep: chunk_numel must be a positive int (elements per call), got "
+                             f"{chunk_numel!r}")
+        self.chunk_numel = int(chunk_numel)
+        self._observer = weakref.ref(observer) if observer is not None else None
+        opt = unwrap_optimizer(optimizer)
+        inner = getattr(opt, "optimizers", None)        # an InBackwardOptimizer: one optimizer per parameter
+        targets = list(inner.values()) if isinstance(inner, dict) else [opt]
+        self.optimizers = [t for t in targets if supports(t)]
+        self.pieces_stepped = 0    # parameters updated chunk by chunk (counted for tests and reports)
+        hook = weak_method(self._pre_hook)
+        self._handles = [t.register_step_pre_hook(hook) for t in self.optimizers]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.optimizers)
+
+    @property
+    def observer(self):
+        return None if self._observer is None else self._observer()
+
+    def _pre_hook(self, optimizer, args, kwargs) -> None:
+        observer = self.observer
+        left = []
+        for group in optimizer.param_groups:
+            with_grad = [p for p in group["params"] if p.grad is not None]
+            if not with_grad:
+                continue
+            if not _group_ok(group):
+                left += with_grad
+                continue
+            ours = [p for p in with_grad if _param_ok(p, optimizer.state.get(p, {}))]
+            left += [p for p in with_grad if not any(p is q for q in ours)]
+            if ours:
+                _step_group(optimizer, group, ours, self.chunk_numel, observer)
+                self.pieces_stepped += len(ours)
+        if left and observer is not None:
+            observer.left_to_optimizer(left)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def attach_chunked_step(optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None) -> ChunkedStep:
+    """A ChunkedStep on ``optimizer`` (see ChunkedStep)."""
+    return ChunkedStep(optimizer, chunk_numel, observer)

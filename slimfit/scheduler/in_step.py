@@ -1,0 +1,54 @@
+"""The trained layers scored inside the optimizer step, piece by piece, instead of against weight snapshots.
+
+A layer's score compares its weights before and after the update (scores.py). With the optimizer's own
+step that needs a copy of every trained weight (the snapshot) alive across the update. When the step is
+taken a piece at a time (slimfit.optim.ChunkedStep, attached by default through
+``SchedulerConfig.step_chunk_numel``), each piece's old values exist anyway for a moment: InStepScores adds
+them to the layer's running sums (scores.BlockSums) right after the piece's update, so no snapshot is made.
+On the CPU the score is the snapshot path's bit for bit (the same blocks, in the same order; tested);
+elsewhere the sums stay on the device and equal it up to rounding.
+
+Parameters the chunked step leaves to the optimizer's own step (a fused group, a held state) are named to
+``left_to_optimizer`` right before they move, and snapshotted as before. Two updates before one
+``ILSScheduler.step()`` add up: the score is the sum of each update's own.
+"""
+from __future__ import annotations
+
+import weakref
+
+from .scores import BlockSums
+
+__all__ = ["InStepScores"]
+
+
+class InStepScores:
+    """The observer a ChunkedStep reports to, for one ILSScheduler (held weakly: no reference cycle)."""
+
+    def __init__(self, scheduler):
+        self._scheduler = weakref.ref(scheduler)
+
+    def _layer(self, p):
+        sched = self._scheduler()
+        if sched is None:
+            return None, None
+        i = sched._index.get(id(p))
+        if i is None or not bool(sched._trained[i]):
+            return sched, None
+        return sched, i
+
+    def wants(self, p) -> bool:
+        return self._layer(p)[1] is not None
+
+    def piece(self, p, start: int, old, new) -> None:
+        sched, i = self._layer(p)
+        if i is None:
+            return
+        sums = sched._sums.get(i)
+        if sums is None:
+            sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
+        sums.add(old, new)
+
+    def left_to_optimizer(self, params) -> None:
+        sched = self._scheduler()
+        if sched is not None:
+            sched._take_snapshots(params)
