@@ -36,7 +36,7 @@ from slimfit.scheduler.optim import unwrap_optimizer, weak_method
 
 from .keys import held_key
 
-__all__ = ["ChunkedStep", "attach_chunked_step", "DEFAULT_STEP_CHUNK_NUMEL"]
+__all__ = ["ChunkedStep", "attach_chunked_step", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
 _INIT_GROUP_ARGS = ["group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
                     "state_steps"]
@@ -137,11 +137,24 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
         p.grad = None
 
 
+_HOOK_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> its ChunkedStep hook id
+
+
+def run_last(optimizer) -> None:
+    """Move ``optimizer``'s ChunkedStep hook (if any) behind every step pre-hook registered so far: a hook
+    added later that must see the gradients or the state first (FrozenState puts held state back and waits
+    for its copies there) calls this."""
+    key = _HOOK_IDS.get(optimizer)
+    hooks = getattr(optimizer, "_optimizer_step_pre_hooks", None)
+    if key is not None and hooks is not None and key in hooks:
+        hooks.move_to_end(key)
+
+
 class ChunkedStep:
     """Takes over ``optimizer``'s step (torch.optim.Adam / AdamW) chunk by chunk: see the module docstring.
-    Its step pre-hook is registered last, so hooks registered before it (the scheduler's guard, FrozenState)
-    run first. ``remove()`` takes it off. Hooks the per-parameter optimizers of an in-backward optimizer
-    (slimfit.optim.step_in_backward) each."""
+    Its step pre-hook runs after the hooks registered before it (the scheduler's guard, FrozenState) and
+    after a FrozenState attached later (``run_last``). ``remove()`` takes it off. On an in-backward
+    optimizer (slimfit.optim.step_in_backward) it hooks each per-parameter optimizer."""
 
     def __init__(self, optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None):
         if isinstance(chunk_numel, bool) or not isinstance(chunk_numel, int) or chunk_numel < 1:
@@ -156,6 +169,8 @@ class ChunkedStep:
         self.pieces_stepped = 0    # parameters updated chunk by chunk (counted for tests and reports)
         hook = weak_method(self._pre_hook)
         self._handles = [t.register_step_pre_hook(hook) for t in self.optimizers]
+        for t, h in zip(self.optimizers, self._handles):
+            _HOOK_IDS[t] = h.id
 
     @property
     def active(self) -> bool:
@@ -184,8 +199,10 @@ class ChunkedStep:
             observer.left_to_optimizer(left)
 
     def remove(self) -> None:
-        for h in self._handles:
+        for t, h in zip(self.optimizers, self._handles):
             h.remove()
+            if _HOOK_IDS.get(t) == h.id:
+                del _HOOK_IDS[t]
         self._handles = []
 
 

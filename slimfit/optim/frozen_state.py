@@ -43,7 +43,7 @@ import torch
 
 from slimfit.scheduler.optim import unwrap_optimizer
 
-from . import checkpoint, codec
+from . import checkpoint, chunked_step, codec
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
 from .transfer import transfer_for
@@ -269,7 +269,9 @@ class FrozenState:
                 return pre
             post = self.optimizer.register_param_step_post_hook(self._freeze_one)
             return _Handles(pre, post)
-        return self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(None))
+        handle = self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(None))
+        chunked_step.run_last(self.optimizer)   # a chunked step reads the state this hook puts back
+        return handle
 
 
 class _Handles:
