@@ -41,6 +41,7 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     the share of steps it trained so far, capped at 1 / (1 - rate))
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+q8 / +offload scheduler option frozen_state="compress" / "offload" (frozen layers' AdamW state held);
+                    +q8all: frozen_state="compress_all" (every layer's AdamW state 8-bit, trained ones too)
                     without either, frozen_state=None (the scheduler's default, said explicitly)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
@@ -151,8 +152,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options.setdefault("kinds", set()).update(KIND_SUFFIXES[suffix])
         elif suffix == "mom":
             options["frozen_update"] = "momentum"
-        elif suffix in ("q8", "offload"):
-            options["frozen_state"] = "compress" if suffix == "q8" else "offload"
+        elif suffix in ("q8", "offload", "q8all"):
+            options["frozen_state"] = {"q8": "compress", "offload": "offload", "q8all": "compress_all"}[suffix]
         elif suffix in ("abs", "robust"):
             options["score"] = "absolute" if suffix == "abs" else "robust"
         elif suffix.startswith("warm") and suffix[4:].isdigit():

@@ -26,10 +26,18 @@ from .codec import decode, encode, encoded_nbytes
 from .frozen_state import MODES, FrozenState, attach_frozen_state
 from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
 
-# SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached; the rounding
-# seeds follow the run's seed (rank 0's under torch.distributed, so that every replica rounds alike)
-register_frozen_state(lambda scheduler, optimizer, mode: attach_frozen_state(scheduler, optimizer, mode=mode,
-                                                                             seed=scheduler.run_seed % 2**62))
+
+# SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached
+def _scheduler_frozen_state(scheduler, optimizer, mode: str) -> FrozenState:
+    """SchedulerConfig.frozen_state's holder: "compress_all" is compress with every layer's state held
+    between steps. The rounding seeds follow the run's seed (rank 0's under torch.distributed, so that every
+    replica rounds alike)."""
+    between = mode == "compress_all"
+    return attach_frozen_state(scheduler, optimizer, mode="compress" if between else mode,
+                               seed=scheduler.run_seed % 2**62, between_steps=between)
+
+
+register_frozen_state(_scheduler_frozen_state)
 register_chunked_step(attach_chunked_step)
 
 __all__ = [

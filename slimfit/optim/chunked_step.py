@@ -22,6 +22,10 @@ An ``observer`` (the scheduler's in-step scoring) sees each piece of a parameter
 ``observer.wants(p)`` says whether to keep the piece's old values (a copy of one piece at a time),
 ``observer.piece(p, start, old, new)`` gets them, and ``observer.left_to_optimizer(params)`` names the
 parameters left to torch's step, right before it moves them (the scheduler snapshots those).
+
+With a holder (``FrozenState(between_steps=True)``, ``SchedulerConfig(frozen_state="compress_all")``) every
+parameter's moments stay 8-bit between steps and are decoded a piece at a time inside this step
+(held_step.py): an 8-bit AdamW, lossy.
 """
 from __future__ import annotations
 
@@ -32,11 +36,12 @@ import torch
 from torch.optim import adam as _adam
 
 from slimfit.scheduler.config import DEFAULT_STEP_CHUNK_NUMEL
-from slimfit.scheduler.optim import unwrap_optimizer, weak_method
+from slimfit.scheduler.optim import unwrap_optimizer
 
+from .held_step import is_held, new_held_state, step_held
 from .keys import held_key
 
-__all__ = ["ChunkedStep", "attach_chunked_step", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
+__all__ = ["ChunkedStep", "attach_chunked_step", "for_optimizer", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
 _INIT_GROUP_ARGS = ["group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
                     "state_steps"]
@@ -67,12 +72,15 @@ def _group_ok(group) -> bool:
     return not (group.get("fused") or group.get("capturable") or group.get("differentiable"))
 
 
-def _param_ok(p, state) -> bool:
+def _layout_ok(p) -> bool:
     g = p.grad
     plain = type(p.detach()) is torch.Tensor or _is_fake(p)
     return (plain and not p.is_sparse and not g.is_sparse and not p.is_complex() and p.is_contiguous()
-            and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape
-            and not any(held_key(k) for k in state))
+            and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape)
+
+
+def _param_ok(p, state) -> bool:
+    return _layout_ok(p) and not any(held_key(k) for k in state)
 
 
 def _pieces(params, chunk_numel):
@@ -137,17 +145,25 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
         p.grad = None
 
 
-_HOOK_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> its ChunkedStep hook id
+# optimizer -> (its ChunkedStep, that step's hook id). The optimizer keeps the ChunkedStep alive through its
+# hook, and the ChunkedStep holds the optimizer weakly: no cycle.
+_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def for_optimizer(optimizer) -> "ChunkedStep | None":
+    """The ChunkedStep hooked on ``optimizer`` (None when there is none)."""
+    entry = _STEPS.get(optimizer)
+    return None if entry is None else entry[0]
 
 
 def run_last(optimizer) -> None:
     """Move ``optimizer``'s ChunkedStep hook (if any) behind every step pre-hook registered so far: a hook
     added later that must see the gradients or the state first (FrozenState puts held state back and waits
     for its copies there) calls this."""
-    key = _HOOK_IDS.get(optimizer)
+    entry = _STEPS.get(optimizer)
     hooks = getattr(optimizer, "_optimizer_step_pre_hooks", None)
-    if key is not None and hooks is not None and key in hooks:
-        hooks.move_to_end(key)
+    if entry is not None and hooks is not None and entry[1] in hooks:
+        hooks.move_to_end(entry[1])
 
 
 class ChunkedStep:
@@ -164,21 +180,46 @@ class ChunkedStep:
         self._observer = weakref.ref(observer) if observer is not None else None
         opt = unwrap_optimizer(optimizer)
         inner = getattr(opt, "optimizers", None)        # an InBackwardOptimizer: one optimizer per parameter
-        targets = list(inner.values()) if isinstance(inner, dict) else [opt]
-        self.optimizers = [t for t in targets if supports(t)]
+        targets = [t for t in (list(inner.values()) if isinstance(inner, dict) else [opt])
+                   if supports(t) and any(_group_ok(g) for g in t.param_groups)]
+        # The optimizers hold this object through their hooks (it lives as long as they do, kept or not);
+        # it holds them weakly, so that is no reference cycle.
+        self._optimizers = [weakref.ref(t) for t in targets]
         self.pieces_stepped = 0    # parameters updated chunk by chunk (counted for tests and reports)
-        hook = weak_method(self._pre_hook)
-        self._handles = [t.register_step_pre_hook(hook) for t in self.optimizers]
-        for t, h in zip(self.optimizers, self._handles):
-            _HOOK_IDS[t] = h.id
+        self._handles = [t.register_step_pre_hook(self._pre_hook) for t in targets]
+        for t, h in zip(targets, self._handles):
+            _STEPS[t] = (self, h.id)
+        self._holder = None   # a FrozenState(between_steps=True) holding every moment 8-bit (held_step.py)
+
+    @property
+    def optimizers(self) -> list:
+        """The optimizers it hooks (torch Adam/AdamW ones; each per-parameter one of a step in backward)."""
+        return [t for t in (r() for r in self._optimizers) if t is not None]
 
     @property
     def active(self) -> bool:
-        return bool(self.optimizers)
+        return bool(self._handles)
 
     @property
     def observer(self):
         return None if self._observer is None else self._observer()
+
+    @property
+    def holder(self):
+        return None if self._holder is None else self._holder()
+
+    def set_holder(self, holder) -> None:
+        """``holder`` (a FrozenState with between_steps=True, held weakly; None: none) keeps every moment
+        8-bit between steps: the parameters it holds are stepped a piece at a time from their entries."""
+        self._holder = None if holder is None else weakref.ref(holder)
+
+    def takes(self, optimizer, p) -> bool:
+        """Whether this step updates ``p`` itself when it has a gradient (held state included, with a holder)."""
+        group = next((g for g in optimizer.param_groups if any(q is p for q in g["params"])), None)
+        if group is None or not _group_ok(group) or p.grad is None or not _layout_ok(p):
+            return False
+        state = optimizer.state.get(p, {})
+        return not any(held_key(k) for k in state) or (self.holder is not None and is_held(state, group))
 
     def _pre_hook(self, optimizer, args, kwargs) -> None:
         observer = self.observer
@@ -190,19 +231,33 @@ class ChunkedStep:
             if not _group_ok(group):
                 left += with_grad
                 continue
-            ours = [p for p in with_grad if _param_ok(p, optimizer.state.get(p, {}))]
-            left += [p for p in with_grad if not any(p is q for q in ours)]
+            holder = self.holder
+            held = []
+            if holder is not None:   # every moment 8-bit between steps: fresh state made held, held stepped so
+                for p in with_grad:
+                    if not optimizer.state.get(p) and _layout_ok(p):
+                        optimizer.state[p] = new_held_state(p, group, holder)
+                held = [p for p in with_grad if _layout_ok(p) and is_held(optimizer.state[p], group)]
+            ours = [p for p in with_grad if not any(p is q for q in held) and _param_ok(p, optimizer.state.get(p, {}))]
+            left += [p for p in with_grad if not any(p is q for q in ours + held)]
             if ours:
                 _step_group(optimizer, group, ours, self.chunk_numel, observer)
                 self.pieces_stepped += len(ours)
+                if holder is not None:   # state that was in full (restored by hand, a checkpoint): held from now
+                    for p in ours:
+                        holder.hold(p)
+            if held:
+                step_held(optimizer, group, held, self.chunk_numel, observer, holder)
+                self.pieces_stepped += len(held)
         if left and observer is not None:
             observer.left_to_optimizer(left)
 
     def remove(self) -> None:
-        for t, h in zip(self.optimizers, self._handles):
+        for ref, h in zip(self._optimizers, self._handles):
             h.remove()
-            if _HOOK_IDS.get(t) == h.id:
-                del _HOOK_IDS[t]
+            t = ref()
+            if t is not None and _STEPS.get(t, (None,))[0] is self:
+                del _STEPS[t]
         self._handles = []
 
 

@@ -34,7 +34,8 @@ import torch
 
 from slimfit.kernels import QuantizedTensor, dequantize, quantize
 
-__all__ = ["encode", "decode", "encoded_nbytes", "is_encoded", "rounding_loss"]
+__all__ = ["encode", "decode", "encoded_nbytes", "is_encoded", "rounding_loss", "zeros_entry", "decode_range",
+           "encode_range_"]
 
 BITS = 8
 _KEYS = ("codes", "scale", "offset")
@@ -93,3 +94,63 @@ def decode(entry: dict, device: torch.device | None = None) -> torch.Tensor:
         _floor_per_group_(x.view(-1), rounding_loss(scale, bool(entry["stochastic"])), group_size)
         x.square_()
     return x.to(entry["dtype"])
+
+
+# ---------------------------------------------------------------- a range of elements at a time
+# A moment held 8-bit at every step (FrozenState(between_steps=True) under slimfit.optim.ChunkedStep) is
+# decoded, updated and encoded one piece of the flattened tensor at a time, never in full. A piece starts at
+# a multiple of the group size, so its groups are the entry's own: the entry stays what encode would give
+# for the whole tensor, piece by piece (each piece with its own rounding seed).
+
+def zeros_entry(shape, dtype: torch.dtype, device, *, sqrt: bool, group_size: int = 128,
+                stochastic: bool = True) -> dict:
+    """The entry of an all-zero moment (what an optimizer's fresh state holds), made without the moment:
+    codes, scales and offsets all zero decode to exactly 0 (a second moment's floor is then 0 too)."""
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    groups = -(-numel // group_size)
+    return {"codes": torch.zeros(numel, dtype=torch.uint8, device=device),
+            "scale": torch.zeros(groups, dtype=torch.float32, device=device),
+            "offset": torch.zeros(groups, dtype=torch.float32, device=device),
+            "shape": tuple(int(s) for s in shape), "dtype": dtype, "group_size": int(group_size),
+            "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
+
+
+def _group_range(entry: dict, start: int, end: int) -> tuple[int, int]:
+    g = int(entry["group_size"])
+    if start % g:
+        raise ValueError(f"codec: a range must start at a multiple of the group size {g}, got {start}")
+    return start // g, -(-end // g)
+
+
+@torch.no_grad()
+def decode_range(entry: dict, start: int, end: int) -> torch.Tensor:
+    """Elements [start, end) of the flattened moment, restored as ``decode`` restores them (fp32 while the
+    moment is fp32, the original dtype otherwise); start a multiple of the group size."""
+    a, b = _group_range(entry, start, end)
+    codes = entry["codes"].view(-1)[start:end].to(torch.uint8)
+    scale = entry["scale"][a:b].to(torch.float32)
+    offset = entry["offset"][a:b].to(torch.float32)
+    group_size = int(entry["group_size"])
+    q = QuantizedTensor(codes, scale, offset, (end - start,), torch.float32, BITS, group_size)
+    x = dequantize(q)
+    if entry["sqrt"]:
+        _floor_per_group_(x, rounding_loss(scale, bool(entry["stochastic"])), group_size)
+        x.square_()
+    return x.to(entry["dtype"])
+
+
+@torch.no_grad()
+def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> None:
+    """Encode ``x`` (flat) into elements [start, start + x.numel()) of the entry, in place; start a multiple
+    of the group size, and the range the whole last group it touches (or the tensor's end)."""
+    end = start + x.numel()
+    a, b = _group_range(entry, start, end)
+    y = x.detach()
+    if entry["sqrt"]:
+        y = y.float().clamp_min(0).sqrt_()
+    q = quantize(y, bits=BITS, group_size=int(entry["group_size"]), stochastic=bool(entry["stochastic"]), seed=seed)
+    entry["codes"].view(-1)[start:end].copy_(q.codes.view(-1))
+    entry["scale"][a:b].copy_(q.scale.view(-1))
+    entry["offset"][a:b].copy_(q.offset.view(-1))

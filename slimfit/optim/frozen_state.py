@@ -24,12 +24,15 @@ hand); when it is frozen (a zero-filled gradient) its gradient is dropped instea
     sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt, frozen_state=None)
     frozen_state = attach_frozen_state(sched, opt, mode="compress")
 
-With ``between_steps=True`` and an optimizer from ``step_in_backward`` the state of the trained layers is
-held too, between their own steps: each parameter's state is put back right before its step inside backward
-and held again right after it, so one parameter's state is resident in full at a time (an 8-bit AdamW made
-of slimfit's kernels, when compressing).
+With ``between_steps=True`` the state of the trained layers is held too, between their own steps (an 8-bit
+AdamW made of slimfit's kernels, when compressing). With an optimizer from ``step_in_backward`` each
+parameter's state is put back right before its step inside backward and held again right after it (one
+parameter's state in full at a time); with a plain torch Adam/AdamW under a ChunkedStep (compress only) the
+moments are never put back: the chunked step decodes, updates and encodes them a piece at a time
+(held_step.py).
 
-``SchedulerConfig.frozen_state`` attaches one ("auto", the default: compress; "offload"; None: none), or
+``SchedulerConfig.frozen_state`` attaches one ("auto", the default: compress; "offload"; "compress_all":
+compress with between_steps=True; None: none), or
 ``attach_frozen_state`` by hand on a scheduler with ``frozen_state=None`` (two holders on one scheduler are
 refused). What compressing costs in accuracy, and why it is the default: docs/fidelity.md.
 """
@@ -80,11 +83,18 @@ class FrozenState:
         # The hooks keep this object alive exactly as long as the optimizer.
         self._optimizer_ref = weakref.ref(unwrap_optimizer(optimizer))
         self.between_steps = bool(between_steps)
-        if self.between_steps and not hasattr(self.optimizer, "register_param_step_post_hook"):
-            raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
-                             "own steps, which needs the step of one parameter at a time: build the optimizer "
-                             "with slimfit.optim.step_in_backward")
         self.mode, self.group_size, self.stochastic, self.seed = mode, int(group_size), bool(stochastic), int(seed)
+        # between_steps on a plain optimizer: its ChunkedStep steps the held moments a piece at a time
+        self._chunked = None
+        if self.between_steps and not hasattr(self.optimizer, "register_param_step_post_hook"):
+            self._chunked = chunked_step.for_optimizer(self.optimizer)
+            if self._chunked is None or mode != "compress":
+                raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
+                                 "own steps, which needs the step of one parameter at a time: build the optimizer "
+                                 "with slimfit.optim.step_in_backward, or (mode='compress', a torch Adam/AdamW "
+                                 "that is not fused) attach a ChunkedStep first (slimfit.optim.attach_chunked_step; "
+                                 "the scheduler attaches one by default)")
+            self._chunked.set_holder(self)
         self._index: dict = {}           # id(p) -> its place in the optimizer's parameters (seeds)
         self._pending: dict = {}         # id(p) -> (p, ticket): copies back not yet waited for
         self._transfers: dict = {}       # device -> CpuTransfer / CudaTransfer
@@ -172,6 +182,9 @@ class FrozenState:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._chunked is not None:
+            self._chunked.set_holder(None)
+            self._chunked = None
 
     # ------------------------------------------------------------------ internals
     def _on_frozen_set(self, frozen, trained) -> None:
@@ -190,7 +203,15 @@ class FrozenState:
             t = self._transfers[device] = transfer_for(device)
         return t
 
-    def _seed_for(self, p, key: str, state: dict) -> int:
+    def seed_for(self, p, key: str, state: dict, start: int = 0) -> int:
+        """The rounding seed of elements from ``start`` on of one entry (a piece encoded by the chunked step)."""
+        return self._seed_for(p, key, state, start)
+
+    def hold(self, p) -> bool:
+        """Hold ``p``'s state now (the chunked step, after stepping a state that was in full)."""
+        return self._freeze_one(p)
+
+    def _seed_for(self, p, key: str, state: dict, start: int = 0) -> int:
         """The stochastic-rounding seed of one entry, from this FrozenState's seed, the parameter's place in
         the optimizer, the entry's name and the parameter's optimizer step count: a run resumed from a
         checkpoint rounds as the uninterrupted one did (a running counter would start again at 0)."""
@@ -198,7 +219,8 @@ class FrozenState:
             self._index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])}
         step = state.get("step")
         step = int(step) if isinstance(step, (int, float, torch.Tensor)) else 0
-        text = f"{self.seed}:{self._index.get(id(p), -1)}:{key}:{step}".encode()
+        text = f"{self.seed}:{self._index.get(id(p), -1)}:{key}:{step}" + (f":{start}" if start else "")
+        text = text.encode()
         return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") % 2**62
 
     @torch.no_grad()
@@ -253,6 +275,8 @@ class FrozenState:
         for p, st in candidates:
             if p.grad is None or not any(held_key(k) for k in st):
                 continue
+            if p.requires_grad and self._chunked is not None and self._chunked.takes(self.optimizer, p):
+                continue   # stepped from its held moments, a piece at a time
             if p.requires_grad:
                 self._thaw_one(p)
             else:

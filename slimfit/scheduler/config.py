@@ -55,7 +55,8 @@ RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", 
 DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
 # frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState);
 # "auto" is "compress" unless the experimental frozen_update="momentum" reads that state every step.
-FROZEN_STATES = ("compress", "offload")
+# "compress_all": every layer's moments 8-bit, trained ones too (decoded a piece at a time in the chunked step).
+FROZEN_STATES = ("compress", "offload", "compress_all")
 FROZEN_STATE_AUTO = "auto"
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
@@ -335,7 +336,10 @@ class SchedulerConfig:
                        this many consecutive steps (it restarts from fresh state). None: keep all state.
     frozen_state       with an attached optimizer, hold the frozen layers' optimizer state while they are
                        frozen: "compress" (moments 8-bit, 3.76x fewer bytes, lossy) or "offload" (to host
-                       memory; on a GPU, lossless); None keeps it as the optimizer made it (docs/optim.md).
+                       memory; on a GPU, lossless); "compress_all": every layer's moments 8-bit, the trained
+                       ones too (updated a piece at a time inside the chunked step, or between their own
+                       steps with step_in_backward: an 8-bit AdamW); None keeps it as the optimizer made it
+                       (docs/optim.md).
                        "auto" (the default): "compress", or None under experimental frozen_update="momentum";
                        chosen by the accuracy protocols (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.

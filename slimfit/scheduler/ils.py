@@ -308,8 +308,8 @@ class ILSScheduler:
             self._snap.clear()   # taken right before the weights move from now on
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
+        self._attach_chunked_step(optimizer)     # first: frozen_state="compress_all" steps through it
         self._attach_frozen_state(optimizer)
-        self._attach_chunked_step(optimizer)
         if self._pending:
             self.apply()
         return self._guard

@@ -1,0 +1,140 @@
+"""With an attached torch AdamW (the default step_chunk_numel) the scheduler scores its trained layers inside
+the chunked optimizer step: no weight snapshot exists at any moment, and scores and frozen sets are those
+of the snapshot path bit for bit on the CPU, with a plain optimizer and with the step in backward."""
+import math
+
+import pytest
+import torch
+from _models import regression_data
+from torch import nn
+
+from slimfit.optim import step_in_backward
+from slimfit.scheduler import ILSScheduler
+from slimfit.scheduler.scores import BLOCK_NUMEL, NAIVE_SCORES, BlockSums
+
+STEPS = 8
+
+
+class Wide(nn.Module):
+    """Weight matrices larger than a score block (65,536 and 73,728 entries): several pieces each."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 256)
+        self.mid = nn.Linear(256, 256)
+        self.mid2 = nn.Linear(256, 288)
+        self.head = nn.Linear(288, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid2(torch.relu(self.mid(torch.relu(self.inp(x)))))))
+
+
+def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=None):
+    torch.manual_seed(0)
+    model = Wide()
+    kwargs = dict(lr=1e-2, weight_decay=0.1, **(opt_kwargs or {}))
+    opt = step_in_backward(model, torch.optim.AdamW, **kwargs) if in_backward else \
+        torch.optim.AdamW(model.parameters(), **kwargs)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None, score=score,
+                         step_chunk_numel=chunk)
+    history, snaps = [], []
+    for step in range(steps):
+        x, y = regression_data(seed=step % 3)
+        loss = nn.functional.mse_loss(model(x), y)
+        snaps.append(len(sched._snap))
+        loss.backward()
+        snaps.append(len(sched._snap))
+        opt.step()
+        snaps.append(len(sched._snap))
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        history.append((sched._scores.clone(), tuple(sched.frozen_names())))
+    return history, snaps, sched, model
+
+
+def _same(a, b):
+    return all(torch.equal(sa, sb) and fa == fb for (sa, fa), (sb, fb) in zip(a, b))
+
+
+@pytest.mark.parametrize("score", ["relative", "robust"])
+@pytest.mark.parametrize("in_backward", [False, True], ids=["plain", "in_backward"])
+def test_scores_and_frozen_sets_are_the_snapshot_path_bit_for_bit_and_no_snapshot_exists(score, in_backward):
+    snapshot, _, snap_sched, m1 = _run(None, in_backward, score)
+    in_step, snaps, sched, m2 = _run(BLOCK_NUMEL, in_backward, score)      # 2-3 pieces per weight matrix
+    assert snap_sched._chunked_step is None and sched._chunked_step is not None
+    assert sched._chunked_step.pieces_stepped > 0
+    assert _same(snapshot, in_step)
+    assert all(n == 0 for n in snaps)
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert len({tuple(f) for _, f in in_step}) > 1                        # the frozen set did change
+
+
+def test_a_fused_optimizer_keeps_the_snapshots():
+    snapshot, _, _, _ = _run(None, opt_kwargs={"fused": True})
+    kept, snaps, sched, _ = _run(BLOCK_NUMEL, opt_kwargs={"fused": True})
+    assert sched._chunked_step is None                 # nothing it could take: not attached
+    assert _same(snapshot, kept)
+    assert any(n > 0 for n in snaps)
+
+
+def test_update_scale_share_keeps_the_snapshots():
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, update_scale="share")
+    assert sched._chunked_step is None
+
+
+def test_mid_step_checkpoint_carries_the_sums_and_bad_sums_are_refused():
+    history, _, _, _ = _run(BLOCK_NUMEL, steps=4)
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
+                         step_chunk_numel=BLOCK_NUMEL)
+    for step in range(4):
+        x, y = regression_data(seed=step % 3)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step == 3:   # written between the optimizer's step and the scheduler's
+            state = sched.state_dict(include_snapshots=True)
+            assert "snapshots" in state and not state["snapshots"] and state["in_step_sums"]
+            sched._sums.clear()
+            sched.load_state_dict(state)
+            opt.step()   # as a resumed loop's optimizer step would be counted (no gradients: no update)
+        sched.step()
+    assert torch.equal(sched._scores, history[-1][0]) and tuple(sched.frozen_names()) == history[-1][1]
+
+    frozen = [n for n in sched.names if n not in sched.trained_names()][0]
+    bad = dict(state, in_step_sums={frozen: [1.0, 2.0, 0.0]})
+    with pytest.raises(ValueError, match="not a layer this state trains"):
+        sched.load_state_dict(bad)
+    trained = sched.trained_names()[0]
+    bad = dict(state, in_step_sums={trained: [1.0, "x", 0.0]})
+    with pytest.raises(ValueError, match="three numbers"):
+        sched.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("kind", ["relative", "robust", "absolute"])
+@pytest.mark.parametrize("host", [True, False], ids=["host", "device_sums"])
+def test_block_sums_over_pieces_equal_the_whole_tensor_formula(kind, host):
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(3 * BLOCK_NUMEL + 123, generator=g)
+    old[::7] = 0.0                                     # zeros in W_old: the zero-aware relative score
+    new = old + 1e-3 * torch.randn(old.shape, generator=g)
+    sums = BlockSums(kind, old.dtype, host=host)
+    for a in range(0, old.numel(), 2 * BLOCK_NUMEL):
+        sums.add(old[a:a + 2 * BLOCK_NUMEL], new[a:a + 2 * BLOCK_NUMEL])
+    expected = NAIVE_SCORES[kind](old, new)
+    assert math.isclose(sums.value(), expected, rel_tol=1e-6)
+    again = BlockSums(kind, old.dtype).restore(sums.sums())
+    assert again.value() == sums.value()
+
+
+def test_block_sums_of_a_layer_that_is_all_zero():
+    old = torch.zeros(100)
+    moved, still = BlockSums("relative", old.dtype), BlockSums("relative", old.dtype, host=False)
+    moved.add(old, old + 1.0)
+    still.add(old, old)
+    assert moved.value() == math.inf and still.value() == 0.0
