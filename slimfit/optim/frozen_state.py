@@ -192,7 +192,9 @@ class FrozenState:
         what trains next."""
         self._last_frozen, self._last_trained = list(frozen), list(trained)
         self.freeze(frozen)
-        if not self.between_steps:  # between_steps: each one comes back right before its own step
+        if self.between_steps:   # every state held between steps, the trained layers' too (a state made or
+            self.freeze(trained)  # put back in full elsewhere is held here); each is stepped from there
+        else:
             self.thaw(trained)
 
     def _transfer(self, device: torch.device):
