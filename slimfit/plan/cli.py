@@ -63,10 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the task the config implies")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="the step's device: cpu (exact), or cuda (an estimate: docs/plan.md)")
-    parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload"], default="auto",
+    parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload", "compress_all"],
+                        default="auto",
                         help="with --rate: the frozen layers' AdamW state held 8-bit (compress; auto, the "
                              "scheduler's default, is compress), in host memory (offload; saves only on a GPU), "
-                             "or in full (none)")
+                             "every layer's 8-bit (compress_all), or in full (none)")
     parser.add_argument("--fit", default=None, metavar="BUDGET",
                         help="search presets, rates, frozen-state options, LoRA and checkpointing at this batch "
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")

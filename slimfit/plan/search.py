@@ -74,7 +74,8 @@ def frozen_states(device: str) -> tuple:
     return ("offload", "compress") if device == "cuda" else ("compress",)
 
 
-_PREFERENCE = {None: 0, "offload": 1, "compress": 2}   # at equal time: in full, lossless, lossy
+# at equal time: in full, lossless, the frozen layers' state lossy, every layer's state lossy
+_PREFERENCE = {None: 0, "offload": 1, "compress": 2, "compress_all": 3}
 
 
 def _preference(spec: StepSpec) -> int:

@@ -15,7 +15,7 @@ __all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES"]
 PRESETS = ("none", "exact", "paper", "aggressive")
 OPTIMIZERS = ("adamw", "adamw8bit")
 DTYPES = ("fp32", "bf16")
-FROZEN_STATES = ("auto", None, "compress", "offload")   # SchedulerConfig.frozen_state's values
+FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # SchedulerConfig.frozen_state's values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +84,11 @@ class StepSpec:
         if self.lora is not None and self.rate:
             out.append("lora trains only the adapters (the base is frozen): give a freeze rate only without LoRA")
         if self.frozen_state not in FROZEN_STATES:
-            out.append(f"frozen_state must be 'auto', None, 'compress' or 'offload', got {self.frozen_state!r}")
-        elif self.frozen_state in ("compress", "offload") and not self.rate:
+            out.append(f"frozen_state must be 'auto', None, 'compress', 'offload' or 'compress_all', got "
+                       f"{self.frozen_state!r}")
+        elif self.frozen_state in FROZEN_STATES[2:] and not self.rate:
             out.append("frozen_state holds the frozen layers' optimizer state: it needs a freeze rate")
-        elif self.frozen_state in ("compress", "offload") and self.optimizer != "adamw":
+        elif self.frozen_state in FROZEN_STATES[2:] and self.optimizer != "adamw":
             out.append("frozen_state holds AdamW's moments: use it with optimizer adamw")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
@@ -96,7 +97,7 @@ class StepSpec:
     @property
     def held_state(self) -> str | None:
         """What frozen_state comes to for this step: None (nothing held: no scheduler, or a state slimfit does
-        not compress, torchao's 8-bit AdamW), "compress" or "offload"."""
+        not compress, torchao's 8-bit AdamW), "compress", "offload" or "compress_all"."""
         if not self.rate or self.frozen_state is None:
             return None
         if self.frozen_state == "auto":
@@ -133,7 +134,7 @@ class StepSpec:
             parts.append(self.optimizer)
         if self.rate and self.optimizer == "adamw":
             parts.append({None: "frozen state in full", "compress": "frozen state 8-bit",
-                          "offload": "frozen state offloaded"}[self.held_state])
+                          "offload": "frozen state offloaded", "compress_all": "every state 8-bit"}[self.held_state])
         if self.budget_bytes is not None:
             parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
         return ", ".join(parts)

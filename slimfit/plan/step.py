@@ -179,7 +179,8 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
             from ..optim import FrozenState
 
             params = dict(model.named_parameters())
-            FrozenState(optimizer, mode, seed=spec.seed, transfer=transfer).freeze(
+            held = "compress" if mode == "compress_all" else mode
+            FrozenState(optimizer, held, seed=spec.seed, transfer=transfer).freeze(
                 [params[n] for n in names if n in params])
         return None, names
     scheduler.attach_optimizer(optimizer)

@@ -10,7 +10,7 @@ from slimfit.plan.code import render
 SPEC = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5, frozen_state=None)
 
 
-@pytest.mark.parametrize("mode", ["compress", "offload"])
+@pytest.mark.parametrize("mode", ["compress", "offload", "compress_all"])
 def test_prediction_equals_the_measured_step(mode):
     spec = SPEC.replace(frozen_state=mode)
     predicted, measured = predict(spec), measure(spec)
@@ -23,6 +23,12 @@ def test_compressed_state_takes_the_frozen_layers_moments_down_and_offload_on_a_
     assert comp.frozen_layers == full.frozen_layers > 0
     assert comp.memory.optimizer_state < full.memory.optimizer_state < 1.5 * full.memory.optimizer_state
     assert off.memory.optimizer_state == full.memory.optimizer_state and off.total == full.total
+
+
+def test_every_state_8_bit_holds_the_trained_layers_moments_too():
+    comp, every = (predict(SPEC.replace(frozen_state=m)) for m in ("compress", "compress_all"))
+    assert every.memory.optimizer_state < comp.memory.optimizer_state and every.total < comp.total
+    assert "every state 8-bit" in SPEC.replace(frozen_state="compress_all").label()
 
 
 def test_offload_of_a_cuda_step_leaves_the_device():
@@ -55,14 +61,14 @@ def test_the_default_is_the_schedulers():
 @pytest.mark.parametrize("changes,message", [
     (dict(rate=0.0), "needs a freeze rate"),
     (dict(optimizer="adamw8bit"), "optimizer adamw"),
-    (dict(frozen_state="bogus"), "must be 'auto', None, 'compress' or 'offload'"),
+    (dict(frozen_state="bogus"), "must be 'auto', None, 'compress', 'offload' or 'compress_all'"),
 ])
 def test_spec_refuses_what_cannot_hold_the_state(changes, message):
     with pytest.raises(ValueError, match=message):
         SPEC.replace(frozen_state="compress", **changes) if "frozen_state" not in changes else SPEC.replace(**changes)
 
 
-@pytest.mark.parametrize("mode", ["compress", "offload"])
+@pytest.mark.parametrize("mode", ["compress", "offload", "compress_all"])
 def test_the_later_steps_bound_counts_what_a_thawed_layer_brings_back(mode):
     """rate_bound adds, per trained layer, the state it gets back in full: for offload on a GPU all of it
     (the host copy was off the device), so the bound stays above the first set's peak."""
