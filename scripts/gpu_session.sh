@@ -83,7 +83,7 @@ sys.exit(r.returncode)"
     for stage_name in $stages; do case "$stage_name" in
       tests) run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
                -m "gpu or not slow" ${TEST_K:+-k "$TEST_K"} \
-               ${TEST_PATHS:-tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py tests/optim/test_optim_cuda.py tests/patching/test_experts_cuda.py} ;;
+               ${TEST_PATHS:-tests/kernels tests/autograd tests/test_no_host_sync.py tests/test_step_memory.py tests/optim/test_optim_cuda.py tests/optim/test_chunked_step_cuda.py tests/patching/test_experts_cuda.py} ;;
       e2e) methods=sdpa,grad-ckpt,lora-r8,slimfit-exact,slimfit-paper,slimfit-aggressive,slimfit-paper+lora
            run_stage e2e "${E2E:-140}" "$PY" -m bench.e2e --device cuda --cuda-rep-ms 300 --methods "$methods" \
              --out-dir "$RESULTS" ;;
