@@ -12,9 +12,11 @@ then drops their gradients, so torch's step finds nothing left to do. Every elem
 as in torch's step, so weights and state are the same bit for bit (tested; the step count moves once per
 parameter).
 
+Fused groups are taken too (the fused kernel on each piece, with a GradScaler's scale and inf flag as torch's
+step passes them): it makes no large temporaries, but the pieces let the scheduler score without snapshots.
 What it leaves to torch's own step: optimizers other than torch.optim.Adam and AdamW themselves (a
-subclass may change the step), groups that are fused, capturable or differentiable (fused has no large
-temporaries), complex, sparse or non-contiguous parameters and tensor subclasses (DTensor), parameters
+subclass may change the step), capturable or differentiable groups, complex, sparse or non-contiguous
+parameters and tensor subclasses (DTensor), parameters
 whose state is held by slimfit.optim.FrozenState (its own hook puts it back first), and a torch whose
 ``_init_group`` has another signature.
 
@@ -69,7 +71,7 @@ def supports(optimizer) -> bool:
 
 
 def _group_ok(group) -> bool:
-    return not (group.get("fused") or group.get("capturable") or group.get("differentiable"))
+    return not (group.get("capturable") or group.get("differentiable"))
 
 
 def _layout_ok(p) -> bool:
@@ -130,8 +132,9 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
         _adam.adam(
             [v[0] for v in views], [v[1] for v in views], [v[2] for v in views], [v[3] for v in views],
             [v[4] for v in views] if amsgrad else [], counts,
-            foreach=group["foreach"], capturable=False, differentiable=False, fused=None, grad_scale=None,
-            found_inf=None, has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
+            foreach=group["foreach"], capturable=False, differentiable=False, fused=group["fused"],
+            grad_scale=getattr(optimizer, "grad_scale", None), found_inf=getattr(optimizer, "found_inf", None),
+            has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
             amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
             eps=group["eps"], maximize=group["maximize"])
         for (i, a, _), v, old, count in zip(batch, views, olds, counts):

@@ -39,7 +39,9 @@ def new_held_state(p, group, holder) -> dict:
     """A fresh Adam state for ``p`` with its moments held (torch's step count, zero moments as entries)."""
     from torch.optim.optimizer import _get_scalar_dtype
 
-    state = {"step": torch.tensor(0.0, dtype=_get_scalar_dtype())}
+    fused = bool(group.get("fused"))   # as torch's _init_group: a fused step counts on the parameter's device
+    state = {"step": torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device) if fused
+             else torch.tensor(0.0, dtype=_get_scalar_dtype())}
     for key, sqrt in held_moments(group):
         state[key + Q8] = codec.zeros_entry(p.shape, p.dtype, p.device, sqrt=sqrt, group_size=holder.group_size,
                                             stochastic=holder.stochastic)
@@ -75,8 +77,9 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> N
             count = before.clone()
             _adam.adam(
                 [piece], [flat_g[a:b]], [m[0]], [m[1]], [m[2]] if amsgrad else [], [count],
-                foreach=group["foreach"], capturable=False, differentiable=False, fused=None, grad_scale=None,
-                found_inf=None, has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
+                foreach=group["foreach"], capturable=False, differentiable=False, fused=group["fused"],
+                grad_scale=getattr(optimizer, "grad_scale", None), found_inf=getattr(optimizer, "found_inf", None),
+                has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
                 amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
                 eps=group["eps"], maximize=group["maximize"])
             for (key, _), x in zip(moments, m):

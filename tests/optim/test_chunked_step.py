@@ -56,6 +56,8 @@ OPTIONS = [
     (torch.optim.AdamW, {"foreach": True, "amsgrad": True, "maximize": True}),
     (torch.optim.Adam, {}),
     (torch.optim.Adam, {"foreach": True, "weight_decay": 0.05}),
+    (torch.optim.AdamW, {"fused": True}),
+    (torch.optim.Adam, {"fused": True, "amsgrad": True, "weight_decay": 0.05}),
 ]
 
 
@@ -87,14 +89,14 @@ def test_parameters_without_a_gradient_are_not_touched():
 
 
 def test_what_it_cannot_take_is_left_to_torch_step():
-    """A fused group, a non-contiguous parameter: torch steps them (same result); other optimizers and
-    subclasses of AdamW are not hooked at all."""
+    """A differentiable group, a non-contiguous parameter: torch steps them (same result); other optimizers
+    and subclasses of AdamW are not hooked at all."""
     a, b = _model(), _model()
     for m in (a, b):
         m.fc.weight = nn.Parameter(m.fc.weight.detach().t().contiguous().t())   # a transposed view: strided
     def groups(m):
         rest = [p for n, p in m.named_parameters() if n != "emb.weight"]
-        return [{"params": [m.emb.weight], "fused": True}, {"params": rest}]
+        return [{"params": [m.emb.weight], "differentiable": True}, {"params": rest}]
 
     oa, ob = torch.optim.AdamW(groups(a), lr=1e-2), torch.optim.AdamW(groups(b), lr=1e-2)
     seen = []
@@ -207,3 +209,28 @@ def test_bad_chunk_sizes_are_refused():
     for bad in (0, -1, 1.5, True, None):
         with pytest.raises(ValueError, match="chunk_numel must be a positive int"):
             ChunkedStep(opt, chunk_numel=bad)
+
+
+def test_a_grad_scaler_with_a_fused_optimizer_unscales_and_skips_as_torch_s_step():
+    """GradScaler hands a fused optimizer its scale and inf flag (optimizer.grad_scale / found_inf); the pieces
+    get them as torch's step would: the same weights, and the step with an inf gradient skipped alike."""
+    def run(chunked):
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        if chunked:
+            ChunkedStep(opt, chunk_numel=1000)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        for step in range(4):
+            ids = torch.randint(0, 3000, (6, 7), generator=torch.Generator().manual_seed(step))
+            loss = model(ids).square().mean()
+            if step == 2:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        return model, opt
+
+    (a, oa), (b, ob) = run(False), run(True)
+    _same_run(a, oa, b, ob)
+    assert all(float(ob.state[p]["step"]) == 3 for p in b.parameters())

@@ -29,12 +29,11 @@ class Wide(nn.Module):
         return self.head(torch.relu(self.mid2(torch.relu(self.mid(torch.relu(self.inp(x)))))))
 
 
-def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=None):
+def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=None, opt_cls=torch.optim.AdamW):
     torch.manual_seed(0)
     model = Wide()
     kwargs = dict(lr=1e-2, weight_decay=0.1, **(opt_kwargs or {}))
-    opt = step_in_backward(model, torch.optim.AdamW, **kwargs) if in_backward else \
-        torch.optim.AdamW(model.parameters(), **kwargs)
+    opt = step_in_backward(model, opt_cls, **kwargs) if in_backward else opt_cls(model.parameters(), **kwargs)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None, score=score,
                          step_chunk_numel=chunk)
     history, snaps = [], []
@@ -69,9 +68,20 @@ def test_scores_and_frozen_sets_are_the_snapshot_path_bit_for_bit_and_no_snapsho
     assert len({tuple(f) for _, f in in_step}) > 1                        # the frozen set did change
 
 
-def test_a_fused_optimizer_keeps_the_snapshots():
+def test_a_fused_optimizer_is_scored_in_step_too():
     snapshot, _, _, _ = _run(None, opt_kwargs={"fused": True})
-    kept, snaps, sched, _ = _run(BLOCK_NUMEL, opt_kwargs={"fused": True})
+    in_step, snaps, sched, _ = _run(BLOCK_NUMEL, opt_kwargs={"fused": True})
+    assert sched._chunked_step is not None and all(n == 0 for n in snaps)
+    assert _same(snapshot, in_step)
+
+
+class _OwnAdamW(torch.optim.AdamW):
+    """A subclass may change the step: the chunked step leaves it alone."""
+
+
+def test_an_optimizer_it_cannot_take_keeps_the_snapshots():
+    snapshot, _, _, _ = _run(None, opt_cls=_OwnAdamW)
+    kept, snaps, sched, _ = _run(BLOCK_NUMEL, opt_cls=_OwnAdamW)
     assert sched._chunked_step is None                 # nothing it could take: not attached
     assert _same(snapshot, kept)
     assert any(n > 0 for n in snaps)
