@@ -345,7 +345,7 @@ class SchedulerConfig:
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
-    step_chunk_numel   with an attached torch Adam/AdamW (not fused), its step updates at most this many
+    step_chunk_numel   with an attached torch Adam/AdamW (not capturable), its step updates at most this many
                        elements at a time (the same arithmetic, the same weights bit for bit) and the trained
                        layers are scored as they are updated, so neither torch's temporaries the size of the
                        largest (CPU) or of every (CUDA foreach) trained parameter nor the weight snapshots
