@@ -485,7 +485,23 @@ class ILSScheduler:
             lines.append("  highest: " + ", ".join(fmt(i) for i in seen[::-1][:top]))
         lines.append("  training: " + ", ".join(self.trained_names()[: max(top, 8)])
                      + (" ..." if len(self.trained_names()) > max(top, 8) else ""))
+        if self._guard is not None:
+            lines.append("  optimizer: " + self._optimizer_line())
         return "\n".join(lines)
+
+    def _optimizer_line(self) -> str:
+        """What is attached to the optimizer, as it is (not as the config asked)."""
+        if self._chunked_step is not None:
+            step = f"chunked step ({self._chunked_step.chunk_numel:,} elements a call), layers scored inside it"
+        else:
+            step = "its own step, layers scored against weight snapshots"
+        held = self._frozen_state
+        if held is None:
+            state = "state as the optimizer keeps it"
+        else:
+            how = {"compress": "8-bit", "offload": "in host memory"}.get(held.mode, held.mode)
+            state = f"every layer's state {how}" if held.between_steps else f"frozen layers' state {how}"
+        return f"{step}; {state}"
 
     def close(self) -> None:
         """Unfreeze every layer, remove optimizer hooks, free the snapshots."""

@@ -148,3 +148,18 @@ def test_block_sums_of_a_layer_that_is_all_zero():
     moved.add(old, old + 1.0)
     still.add(old, old)
     assert moved.value() == math.inf and still.value() == 0.0
+
+
+def test_the_summary_says_what_is_attached():
+    _, _, sched, _ = _run(BLOCK_NUMEL, steps=1)
+    assert "optimizer: chunked step (32,768 elements a call)" in sched.summary()
+    assert "state as the optimizer keeps it" in sched.summary()
+    _, _, sched, _ = _run(BLOCK_NUMEL, steps=1, opt_cls=_OwnAdamW)
+    assert "its own step, layers scored against weight snapshots" in sched.summary()
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for mode, text in (("compress", "frozen layers' state 8-bit"), ("compress_all", "every layer's state 8-bit")):
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=mode)
+        assert text in sched.summary()
+        sched.close()
