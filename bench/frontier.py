@@ -25,14 +25,14 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-paper+lora    LoRA r=8, then slimfit.patch(paper())
   slimfit-paper+lora+ckpt  the same with gradient checkpointing
   slimfit-paper+adamw8bit  paper() + scheduler with torchao's AdamW8bit
-  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim): the
-                        scheduler's default (frozen_state="auto")
+  slimfit-paper+q8      paper() + scheduler, the frozen layers' AdamW state held 8-bit (slimfit.optim,
+                        frozen_state="compress")
   slimfit-exact+q8 / slimfit-aggressive+q8   the same with exact() / aggressive()
   slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
   slimfit-paper+q8all / slimfit-aggressive+q8all   every layer's AdamW state 8-bit in a plain loop (the scheduler's
                         frozen_state="compress_all": the chunked step decodes, updates and encodes the moments a
-                        piece at a time)
+                        piece at a time); slimfit-paper+q8all is the scheduler's default (frozen_state="auto")
   slimfit-paper+offload paper() + scheduler, the frozen layers' AdamW state in host memory (pinned on CUDA,
                         copied back on a side stream; on a CPU it saves nothing)
 Liger-Kernel's fused linear cross-entropy needs a GPU (its Triton kernels find no CPU driver): not a CPU row.
@@ -210,8 +210,8 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
         if not method.lora:
             from slimfit.scheduler import ILSScheduler
 
-            # the frozen state as the method names it (slimfit-<preset>: in full, the default before "auto";
-            # +q8: 8-bit, the scheduler's default now), attached by hand below
+            # the state as the method names it (slimfit-<preset>: in full; +q8: the frozen layers' 8-bit;
+            # +q8all: every layer's 8-bit, the scheduler's default), attached by hand below
             scheduler = ILSScheduler(model, seed=0, frozen_state=None)
     params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(method, model, params)

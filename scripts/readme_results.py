@@ -27,13 +27,12 @@ CASES = {"bert-16": "BERT-base, batch 16, seq 128", "smollm2-2048": "SmolLM2-135
 METHODS = {"sdpa": "PyTorch, full fine-tuning (SDPA)", "grad-ckpt": "gradient checkpointing",
            "adamw8bit-bnb": "8-bit AdamW (bitsandbytes)", "badam": "BAdam (one block at a time)",
            "lora-r8": "LoRA r=8", "lora-r8+ckpt": "LoRA r=8 + checkpointing",
-           "slimfit-paper+q8": "**slimfit `paper()`**, full fine-tuning (defaults: frozen layers' AdamW state 8-bit)",
-           "slimfit-paper": "slimfit `paper()`, frozen layers' AdamW state in full (`frozen_state=None`)",
-           "slimfit-aggressive": "slimfit `aggressive()`, state in full",
+           "slimfit-paper+q8all": "**slimfit `paper()`**, full fine-tuning (defaults: every AdamW state 8-bit)",
+           "slimfit-aggressive+q8all": "slimfit `aggressive()`, every AdamW state 8-bit",
+           "slimfit-paper+q8": "slimfit `paper()`, frozen layers' AdamW state 8-bit (`frozen_state=\"compress\"`)",
+           "slimfit-paper": "slimfit `paper()`, AdamW state in full (`frozen_state=None`)",
            "slimfit-paper+offload":
                "slimfit `paper()`, frozen layers' AdamW state in host memory (`frozen_state=\"offload\"`)",
-           "slimfit-paper+q8all+inbwd":
-               "slimfit `paper()`, every AdamW state 8-bit, step in backward (`docs/optim.md`)",
            "slimfit-paper+lora": "slimfit `paper()` + LoRA r=8",
            "slimfit-paper+lora+ckpt": "slimfit `paper()` + LoRA r=8 + checkpointing"}
 
@@ -51,7 +50,7 @@ def _rows() -> dict:
 def headline(rows: dict) -> str:
     parts = []
     for case, label in CASES.items():
-        plain, mine = rows.get((case, "sdpa")), rows.get((case, "slimfit-paper+q8"))   # the defaults
+        plain, mine = rows.get((case, "sdpa")), rows.get((case, "slimfit-paper+q8all"))   # the defaults
         if plain and mine:
             parts.append(f"{label}: {mine:,.0f} MiB instead of {plain:,.0f} MiB ({plain / mine:.2f}x less)")
     return ("Total peak memory of one whole training step (weights, gradients, AdamW state, activations, "

@@ -100,8 +100,8 @@ class StepSpec:
         not compress, torchao's 8-bit AdamW), "compress", "offload" or "compress_all"."""
         if not self.rate or self.frozen_state is None:
             return None
-        if self.frozen_state == "auto":
-            return "compress" if self.optimizer == "adamw" else None
+        if self.frozen_state == "auto":   # torch's AdamW under the scheduler's chunked step: every state 8-bit
+            return "compress_all" if self.optimizer == "adamw" else None
         return self.frozen_state
 
     def replace(self, **changes) -> "StepSpec":

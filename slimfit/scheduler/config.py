@@ -54,7 +54,8 @@ RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", 
 # 4 MiB per fp32 temporary and a multiple of the score's block (scores.BLOCK_NUMEL).
 DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
 # frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState);
-# "auto" is "compress" unless the experimental frozen_update="momentum" reads that state every step.
+# "auto" is "compress_all" (or "compress" where the optimizer's step cannot hold every state) unless the
+# experimental frozen_update="momentum" reads that state every step.
 # "compress_all": every layer's moments 8-bit, trained ones too (decoded a piece at a time in the chunked step).
 FROZEN_STATES = ("compress", "offload", "compress_all")
 FROZEN_STATE_AUTO = "auto"
@@ -340,8 +341,9 @@ class SchedulerConfig:
                        ones too (updated a piece at a time inside the chunked step, or between their own
                        steps with step_in_backward: an 8-bit AdamW); None keeps it as the optimizer made it
                        (docs/optim.md).
-                       "auto" (the default): "compress", or None under experimental frozen_update="momentum";
-                       chosen by the accuracy protocols (docs/fidelity.md).
+                       "auto" (the default): "compress_all" where the optimizer's step can hold every state (a
+                       torch Adam/AdamW under the chunked step, or step_in_backward), else "compress"; None under
+                       experimental frozen_update="momentum"; chosen by the accuracy protocols (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -405,11 +407,12 @@ class SchedulerConfig:
 
     @property
     def frozen_state_mode(self) -> Optional[str]:
-        """How the frozen layers' optimizer state is held: frozen_state with "auto" resolved ("compress",
-        or None under the experimental frozen_update="momentum", which steps frozen layers with that state)."""
+        """How the optimizer state is held: frozen_state with "auto" resolved ("compress_all", which the
+        scheduler narrows to "compress" for an optimizer whose step cannot hold every state, or None under the
+        experimental frozen_update="momentum", which steps frozen layers with that state)."""
         if self.frozen_state != FROZEN_STATE_AUTO:
             return self.frozen_state
-        return "compress" if self.experimental.frozen_update == "none" else None
+        return "compress_all" if self.experimental.frozen_update == "none" else None
 
     @property
     def effective_score(self) -> str:

@@ -53,7 +53,7 @@ from .candidates import (
     task_head_names,
     unwrap_model,
 )
-from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
+from .config import EVEN_SHARE, FROZEN_STATE_AUTO, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .extensions import chunked_step_factory, frozen_state_factory
 from .in_step import InStepScores
@@ -341,6 +341,9 @@ class ILSScheduler:
         mode = self.config.frozen_state_mode
         if mode is None:
             return
+        if mode == "compress_all" and self.config.frozen_state == FROZEN_STATE_AUTO and not (
+                self._chunked_step is not None or hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook")):
+            mode = "compress"   # auto: every state 8-bit only where the step holds it, else the frozen layers'
         factory = frozen_state_factory()
         if factory is None:
             raise RuntimeError("SchedulerConfig.frozen_state is held by slimfit.optim, which is not loaded: "

@@ -46,19 +46,32 @@ def test_frozen_state_option_checked():
     assert SchedulerConfig.from_dict(config.to_dict()).frozen_state == "offload"
 
 
-def test_auto_compresses_unless_momentum_reads_the_state():
-    assert SchedulerConfig().frozen_state == "auto"        # the default: compress (docs/fidelity.md)
-    assert SchedulerConfig().frozen_state_mode == "compress"
+def test_auto_compresses_every_state_unless_momentum_reads_it():
+    """The default (docs/fidelity.md): every layer's moments 8-bit where the optimizer's step can hold them (a
+    torch AdamW under the chunked step), the frozen layers' only where it cannot (another optimizer)."""
+    assert SchedulerConfig().frozen_state == "auto"
+    assert SchedulerConfig().frozen_state_mode == "compress_all"
     assert SchedulerConfig(frozen_state=None).frozen_state_mode is None
     momentum = SchedulerConfig.from_options(frozen_state="auto", frozen_update="momentum")   # no conflict
     assert momentum.frozen_state_mode is None
-    for options, held in (({"frozen_state": "auto"}, True), ({}, True), ({"frozen_state": None}, False),
-                          ({"frozen_state": "auto", "frozen_update": "momentum"}, False)):
+    for options, held in (({"frozen_state": "auto"}, "all"), ({}, "all"), ({"frozen_state": None}, "none"),
+                          ({"frozen_state": "auto", "frozen_update": "momentum"}, "none"),
+                          ({"frozen_state": "compress"}, "frozen")):
         model = build(0)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, **options)
         train(model, opt, data(), 3, sched=sched)
-        assert any(_held(opt, p, Q8) for p in sched.params) == held, options
+        got = [_held(opt, p, Q8) for p in sched.params]
+        trained = [p.requires_grad for p in sched.params]
+        expected = {"all": [True] * len(got), "none": [False] * len(got),
+                    "frozen": [not t for t in trained]}[held]
+        assert got == expected, options
+    model = build(0)
+    opt = torch.optim.NAdam(model.parameters(), lr=1e-2)   # no chunked step: the frozen layers'
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt)
+    train(model, opt, data(), 3, sched=sched)
+    assert not sched._frozen_state.between_steps
+    assert [_held(opt, p, Q8) for p in sched.params] == [not p.requires_grad for p in sched.params]
 
 
 def test_a_config_without_the_field_holds_nothing():

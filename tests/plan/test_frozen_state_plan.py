@@ -50,11 +50,11 @@ def test_the_printed_code_asks_the_scheduler_for_it():
 
 
 def test_the_default_is_the_schedulers():
-    """StepSpec's default is the scheduler's, "auto": 8-bit with AdamW, nothing held with torchao's 8-bit AdamW
-    or without a rate."""
+    """StepSpec's default is the scheduler's, "auto": every state 8-bit with AdamW (the chunked step holds it),
+    nothing held with torchao's 8-bit AdamW or without a rate."""
     spec = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5)
-    assert spec.frozen_state == "auto" and spec.held_state == "compress"
-    assert predict(spec).total == predict(spec.replace(frozen_state="compress")).total
+    assert spec.frozen_state == "auto" and spec.held_state == "compress_all"
+    assert predict(spec).total == predict(spec.replace(frozen_state="compress_all")).total
     assert spec.replace(rate=0.0).held_state is None and spec.replace(optimizer="adamw8bit").held_state is None
 
 

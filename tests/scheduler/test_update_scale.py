@@ -68,7 +68,7 @@ def test_no_scaling_when_every_layer_trains_or_the_optimizer_skipped():
         torch.manual_seed(0)
         model = MLP()
         opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        sched = ILSScheduler(model, 0.0, optimizer=opt, update_scale=scale)
+        sched = ILSScheduler(model, 0.0, optimizer=opt, update_scale=scale, frozen_state=None)
         for _ in range(4):
             _grads_after_backward(model, x, y)
             opt.step()
