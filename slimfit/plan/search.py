@@ -70,8 +70,9 @@ def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
 
 def frozen_states(device: str) -> tuple:
     """The frozen-state options worth searching on the device, in the order a tie is broken: offload is
-    lossless but saves only on a GPU; compress (8-bit) costs a little accuracy (docs/fidelity.md)."""
-    return ("offload", "compress") if device == "cuda" else ("compress",)
+    lossless but saves only on a GPU; compress (the frozen layers' moments 8-bit) and compress_all (every
+    layer's, the scheduler's default) cost a little accuracy (docs/fidelity.md)."""
+    return ("offload", "compress", "compress_all") if device == "cuda" else ("compress", "compress_all")
 
 
 # at equal time: in full, lossless, the frozen layers' state lossy, every layer's state lossy

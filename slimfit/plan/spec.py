@@ -37,8 +37,9 @@ class StepSpec:
     seed           of the weights, the batch, dropout and the scheduler's first frozen set
     budget_bytes   with a rate: ILSScheduler's budget mode (slimfit.plan.scheduler_budget gives it the bytes)
     frozen_state   with a rate: the scheduler's frozen_state, how the frozen layers' AdamW state is held
-                   ("auto", its default: 8-bit with AdamW; None: in full; "compress": 8-bit; "offload": in
-                   host memory, which on a CPU is the same memory); `held_state` says what it comes to
+                   ("auto", its default: every layer's 8-bit with AdamW; None: in full; "compress": the frozen
+                   layers' 8-bit; "compress_all": every layer's; "offload": the frozen layers' in host memory, which
+                   on a CPU is the same memory); `held_state` says what it comes to
     """
 
     model: Any

@@ -341,8 +341,9 @@ class ILSScheduler:
         mode = self.config.frozen_state_mode
         if mode is None:
             return
+        per_param = hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook")   # step_in_backward
         if mode == "compress_all" and self.config.frozen_state == FROZEN_STATE_AUTO and not (
-                self._chunked_step is not None or hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook")):
+                self._chunked_step is not None or per_param):
             mode = "compress"   # auto: every state 8-bit only where the step holds it, else the frozen layers'
         factory = frozen_state_factory()
         if factory is None:

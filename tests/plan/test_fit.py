@@ -12,15 +12,16 @@ BASE = StepSpec("bert-tiny", batch=4, seq=64)
 
 def test_candidates_cover_presets_rates_lora_checkpointing_and_frozen_state():
     specs = candidates(BASE)
-    assert len(specs) == 64 and len(set(specs)) == 64
+    assert len(specs) == 88 and len(set(specs)) == 88
     assert {s.preset for s in specs} == {"none", "exact", "paper", "aggressive"}
     assert {s.rate for s in specs} == {0.0, 0.5, 0.7, 0.9} and {s.lora for s in specs} == {None, 8}
     assert all(not (s.lora and s.rate) for s in specs)
     held = [s for s in specs if s.frozen_state]
-    assert {s.frozen_state for s in held} == {"compress"} and all(s.rate for s in held)   # offload: GPU only
+    assert {s.frozen_state for s in held} == {"compress", "compress_all"} and all(s.rate for s in held)  # offload:
+    # GPU only
     assert {s.replace(frozen_state=None) for s in held} <= set(specs)
     on_gpu = candidates(BASE.replace(device="cuda"))
-    assert len(on_gpu) == 88 and {s.frozen_state for s in on_gpu} == {None, "compress", "offload"}
+    assert len(on_gpu) == 112 and {s.frozen_state for s in on_gpu} == {None, "compress", "offload", "compress_all"}
     assert not any(s.frozen_state for s in candidates(BASE.replace(optimizer="adamw8bit")))
 
 
