@@ -58,12 +58,16 @@ def headline(rows: dict) -> str:
             + "; ".join(parts) + ".")
 
 
-def _methods_table(title: str, columns: dict, rows: dict, cell, skip_empty: bool = False) -> str:
-    """One row per METHODS entry, one column per `columns` key that has an sdpa row; `cell(got, plain)`
-    the text of a measured cell ("-" when not measured); `skip_empty`: rows measured nowhere left out."""
+def _methods_table(title: str, columns: dict, rows: dict, cell, skip_empty: bool = False,
+                   left_out: tuple = ()) -> str:
+    """One row per METHODS entry (but `left_out`), one column per `columns` key that has an sdpa row;
+    `cell(got, plain)` the text of a measured cell ("-" when not measured); `skip_empty`: rows measured
+    nowhere left out."""
     shown = [c for c in columns if (c, "sdpa") in rows]
     lines = [f"| {title} | " + " | ".join(columns[c] for c in shown) + " |", "|---|" + "---:|" * len(shown)]
     for method, label in METHODS.items():
+        if method in left_out:
+            continue
         cells = ["-" if (c, method) not in rows else cell(rows[(c, method)], rows[(c, "sdpa")]) for c in shown]
         if not skip_empty or any(text != "-" for text in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -71,8 +75,10 @@ def _methods_table(title: str, columns: dict, rows: dict, cell, skip_empty: bool
 
 
 def table(rows: dict) -> str:
+    # offload on a CPU: the "host" is the same memory, so it saves nothing there (the GPU table shows it)
     return _methods_table("step peak, MiB (CPU, fp32)", CASES, rows,
-                          lambda peak, plain: f"{peak:,.0f} ({plain / peak:.2f}x)", skip_empty=True)
+                          lambda peak, plain: f"{peak:,.0f} ({plain / peak:.2f}x)", skip_empty=True,
+                          left_out=("slimfit-paper+offload",))
 
 
 def _gpu_rows() -> dict:
