@@ -57,7 +57,7 @@ def qwen_ref(layers: int = 4):
     return ModelRef(f"qwen2.5-0.5b-{layers}l", archs.CAUSAL_LM, config, "Qwen2ForCausalLM", "config")
 
 
-# (model, batch, seq or None, image or None, options): 43 configurations
+# (model, batch, seq or None, image or None, options): 42 configurations
 FULL = [
     ("bert-base", 4, 128, None, {}), ("bert-base", 8, 256, None, {}), ("bert-base", 2, 64, None, {}),
     ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7)),
@@ -85,15 +85,14 @@ FULL = [
     ("qwen", 1, 256, None, {}), ("qwen", 1, 256, None, dict(preset="paper", rate=0.7)),
     ("qwen", 2, 256, None, dict(lora=8, dtype="bf16")),
     ("qwen", 1, 512, None, dict(preset="aggressive", rate=0.5, checkpointing=True)),
-    # the scheduler's default since: the frozen layers' AdamW state 8-bit
+    # the scheduler's default ("auto"): every layer's AdamW state 8-bit under the chunked step
     ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
     ("vit-base", 4, None, 224, dict(preset="paper", rate=0.7, frozen_state="auto")),
     ("llama-small", 8, 512, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
     ("smollm2-135m", 1, 512, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
-    # every layer's AdamW state 8-bit (frozen_state="compress_all")
+    # the same held by name (frozen_state="compress_all"), at other shapes and presets
     ("bert-base", 8, 128, None, dict(preset="paper", rate=0.7, frozen_state="compress_all")),
     ("llama-small", 8, 512, None, dict(preset="aggressive", rate=0.7, frozen_state="compress_all")),
-    ("smollm2-135m", 1, 512, None, dict(preset="paper", rate=0.7, frozen_state="compress_all")),
 ]
 QUICK = [
     ("bert-tiny", 2, 32, None, {}), ("bert-tiny", 2, 32, None, dict(preset="paper", rate=0.5)),
