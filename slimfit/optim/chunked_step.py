@@ -14,7 +14,8 @@ parameter).
 
 Fused groups are taken too (the fused kernel on each piece, with a GradScaler's scale and inf flag as torch's
 step passes them): it makes no large temporaries, but the pieces let the scheduler score without snapshots.
-What it leaves to torch's own step: optimizers other than torch.optim.Adam and AdamW themselves (a
+What it leaves to torch's own step: a step with a closure (the closure makes the gradients inside it),
+optimizers other than torch.optim.Adam and AdamW themselves (a
 subclass may change the step), capturable or differentiable groups, complex, sparse or non-contiguous
 parameters and tensor subclasses (DTensor), parameters
 whose state is held by slimfit.optim.FrozenState (its own hook puts it back first), and a torch whose
@@ -192,6 +193,8 @@ class ChunkedStep:
         self._handles = [t.register_step_pre_hook(self._pre_hook) for t in targets]
         for t, h in zip(targets, self._handles):
             _STEPS[t] = (self, h.id)
+        self._post_handles = [t.register_step_post_hook(self._post_hook) for t in targets]
+        self._thawed: list = []   # moments put back in full for a step with a closure, held again after it
         self._holder = None   # a FrozenState(between_steps=True) holding every moment 8-bit (held_step.py)
 
     @property
@@ -226,6 +229,18 @@ class ChunkedStep:
 
     def _pre_hook(self, optimizer, args, kwargs) -> None:
         observer = self.observer
+        # torch hands its pre-hooks the step's arguments with the optimizer first: (self, closure)
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
+            # a closure computes the gradients inside torch's step, after this hook: torch steps everything,
+            # from moments in full, held again right after it (_post_hook)
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            if self.holder is not None:
+                self._thawed = [p for p in params if p.requires_grad]
+                self.holder.thaw(self._thawed)
+                self.holder.wait()
+            if observer is not None:
+                observer.left_to_optimizer(params)
+            return
         left = []
         for group in optimizer.param_groups:
             with_grad = [p for p in group["params"] if p.grad is not None]
@@ -255,7 +270,16 @@ class ChunkedStep:
         if left and observer is not None:
             observer.left_to_optimizer(left)
 
+    def _post_hook(self, optimizer, args, kwargs) -> None:
+        holder, thawed, self._thawed = self.holder, self._thawed, []
+        if holder is not None:
+            for p in thawed:
+                holder.hold(p)
+
     def remove(self) -> None:
+        for h in self._post_handles:
+            h.remove()
+        self._post_handles = []
         for ref, h in zip(self._optimizers, self._handles):
             h.remove()
             t = ref()

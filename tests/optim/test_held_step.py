@@ -156,3 +156,24 @@ def test_no_moment_is_ever_in_full():
     grad = numel * 4
     assert run.phase_peaks["optimizer"] - run.resident <= grad + 8 * (1 << 16) * 4
     assert holder.held_nbytes() == 2 * codec.encoded_nbytes(numel)
+
+
+def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
+    model = build(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state="compress_all")
+    first = float(loss_of(model, data()))
+    for s in range(10):
+        batch = data(seed=s % 2)
+
+        def closure(batch=batch):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(model, batch)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        assert all(set(st) <= {"step", "exp_avg" + Q8, "exp_avg_sq" + Q8} for st in opt.state.values())
+    assert float(loss_of(model, data())) < 0.5 * first

@@ -163,3 +163,34 @@ def test_the_summary_says_what_is_attached():
         sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=mode)
         assert text in sched.summary()
         sched.close()
+
+
+def test_a_step_with_a_closure_is_torch_s_and_scored_against_snapshots():
+    """A closure makes the gradients inside torch's step, after the chunked step's hook: torch steps every
+    parameter, once, and the scheduler snapshots the trained layers before it (the same run as without)."""
+    def run(chunk):
+        torch.manual_seed(0)
+        model = Wide()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
+                             step_chunk_numel=chunk)
+        history = []
+        for step in range(4):
+            x, y = regression_data(seed=step % 3)
+            nn.functional.mse_loss(model(x), y).backward()    # gradients before the step, as well
+
+            def closure(x=x, y=y):
+                opt.zero_grad(set_to_none=True)
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            history.append((sched._scores.clone(), tuple(sched.frozen_names())))
+        return history, model
+
+    (a, ma), (b, mb) = run(None), run(BLOCK_NUMEL)
+    assert _same(a, b)
+    assert all(torch.equal(p, q) for p, q in zip(ma.parameters(), mb.parameters()))
