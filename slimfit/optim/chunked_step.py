@@ -36,13 +36,14 @@ import inspect
 import weakref
 
 import torch
-from torch.optim import adam as _adam
 
 from slimfit.scheduler.config import DEFAULT_STEP_CHUNK_NUMEL
 from slimfit.scheduler.optim import unwrap_optimizer
 
 from .held_step import is_held, new_held_state, step_held
 from .keys import held_key
+from .moments import plain_tensor
+from .torch_adam import adam_step
 
 __all__ = ["ChunkedStep", "attach_chunked_step", "for_optimizer", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
@@ -61,11 +62,6 @@ def _init_group_matches() -> bool:
 _SUPPORTED_TORCH = _init_group_matches()
 
 
-def _is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(t, FakeTensor)
-
-
 def supports(optimizer) -> bool:
     """Whether a ChunkedStep can take over some of ``optimizer``'s step (see the module docstring)."""
     return _SUPPORTED_TORCH and type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
@@ -77,9 +73,8 @@ def _group_ok(group) -> bool:
 
 def _layout_ok(p) -> bool:
     g = p.grad
-    plain = type(p.detach()) is torch.Tensor or _is_fake(p)
-    return (plain and not p.is_sparse and not g.is_sparse and not p.is_complex() and p.is_contiguous()
-            and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape)
+    return (plain_tensor(p.detach()) and not p.is_sparse and not g.is_sparse and not p.is_complex()
+            and p.is_contiguous() and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape)
 
 
 def _param_ok(p, state) -> bool:
@@ -121,7 +116,6 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
     if has_complex or len(ps) != len(params):   # (filtered out before; kept as a guard)
         return
     amsgrad = group["amsgrad"]
-    beta1, beta2 = group["betas"]
     watched = [observer is not None and observer.wants(p) for p in ps]
     before = [s.clone() for s in steps]          # every piece of a parameter starts from its step count
     last = list(before)
@@ -130,14 +124,8 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
         counts = [before[i].clone() for i, _, _ in batch]
         olds = [v[0].clone() if watched[i] else None for (i, _, _), v in zip(batch, views)]
-        _adam.adam(
-            [v[0] for v in views], [v[1] for v in views], [v[2] for v in views], [v[3] for v in views],
-            [v[4] for v in views] if amsgrad else [], counts,
-            foreach=group["foreach"], capturable=False, differentiable=False, fused=group["fused"],
-            grad_scale=getattr(optimizer, "grad_scale", None), found_inf=getattr(optimizer, "found_inf", None),
-            has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
-            amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=group["maximize"])
+        adam_step(optimizer, group, [v[0] for v in views], [v[1] for v in views], [v[2] for v in views],
+                  [v[3] for v in views], [v[4] for v in views], counts)
         for (i, a, _), v, old, count in zip(batch, views, olds, counts):
             last[i] = count
             if old is not None:
@@ -219,12 +207,11 @@ class ChunkedStep:
         8-bit between steps: the parameters it holds are stepped a piece at a time from their entries."""
         self._holder = None if holder is None else weakref.ref(holder)
 
-    def takes(self, optimizer, p) -> bool:
-        """Whether this step updates ``p`` itself when it has a gradient (held state included, with a holder)."""
-        group = next((g for g in optimizer.param_groups if any(q is p for q in g["params"])), None)
+    def takes(self, p, group, state) -> bool:
+        """Whether this step updates ``p`` (of param group ``group``, with optimizer state ``state``) itself when
+        it has a gradient (held state included, with a holder)."""
         if group is None or not _group_ok(group) or p.grad is None or not _layout_ok(p):
             return False
-        state = optimizer.state.get(p, {})
         return not any(held_key(k) for k in state) or (self.holder is not None and is_held(state, group))
 
     def _pre_hook(self, optimizer, args, kwargs) -> None:
@@ -256,8 +243,10 @@ class ChunkedStep:
                     if not optimizer.state.get(p) and _layout_ok(p):
                         optimizer.state[p] = new_held_state(p, group, holder)
                 held = [p for p in with_grad if _layout_ok(p) and is_held(optimizer.state[p], group)]
-            ours = [p for p in with_grad if not any(p is q for q in held) and _param_ok(p, optimizer.state.get(p, {}))]
-            left += [p for p in with_grad if not any(p is q for q in ours + held)]
+            taken = {id(p) for p in held}
+            ours = [p for p in with_grad if id(p) not in taken and _param_ok(p, optimizer.state.get(p, {}))]
+            taken.update(id(p) for p in ours)
+            left += [p for p in with_grad if id(p) not in taken]
             if ours:
                 _step_group(optimizer, group, ours, self.chunk_numel, observer)
                 self.pieces_stepped += len(ours)

@@ -30,6 +30,8 @@ The encoded entry is a plain dict of tensors, bools, ints, a tuple of ints and a
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from slimfit.kernels import QuantizedTensor, dequantize, quantize
@@ -59,12 +61,17 @@ def rounding_loss(scale: torch.Tensor, stochastic: bool) -> torch.Tensor:
 def encode(t: torch.Tensor, *, sqrt: bool, seed: int, group_size: int = 128, stochastic: bool = True) -> dict:
     """The 8-bit entry of moment ``t`` (linear, or its square root when ``sqrt``); ``t`` itself is untouched
     and can be dropped by the caller. Temporaries: one fp32 copy of ``t`` for the square root."""
+    q = _quantized(t, sqrt, group_size, stochastic, seed)
+    return {"codes": q.codes, "scale": q.scale, "offset": q.offset, "shape": tuple(int(s) for s in t.shape),
+            "dtype": t.dtype, "group_size": int(group_size), "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
+
+
+def _quantized(t: torch.Tensor, sqrt: bool, group_size: int, stochastic: bool, seed: int) -> QuantizedTensor:
+    """``t`` (or its square root) quantized to 8-bit codes with per-group scale and offset."""
     x = t.detach()
     if sqrt:
         x = x.float().clamp_min(0).sqrt_()   # v >= 0 by construction; clamp keeps a stray -0.0 or -tiny out of NaN
-    q = quantize(x, bits=BITS, group_size=group_size, stochastic=stochastic, seed=seed)
-    return {"codes": q.codes, "scale": q.scale, "offset": q.offset, "shape": tuple(int(s) for s in t.shape),
-            "dtype": t.dtype, "group_size": int(group_size), "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
+    return quantize(x, bits=BITS, group_size=group_size, stochastic=stochastic, seed=seed)
 
 
 def _floor_per_group_(flat: torch.Tensor, floors: torch.Tensor, group_size: int) -> None:
@@ -84,12 +91,17 @@ def decode(entry: dict, device: torch.device | None = None) -> torch.Tensor:
     parameter's float dtype) are read back losslessly as long as the scales stayed fp32."""
     codes, scale, offset = (entry[k] for k in _KEYS)
     device = codes.device if device is None else torch.device(device)
+    return _restored(entry, codes, scale, offset, tuple(entry["shape"]), device)
+
+
+def _restored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.Tensor:
+    """Codes with their groups' scales and offsets restored to the entry's moment (its floor and square for
+    a second moment), in the entry's dtype."""
     codes = codes.to(device=device, dtype=torch.uint8)
     scale = scale.to(device=device, dtype=torch.float32)
     offset = offset.to(device=device, dtype=torch.float32)
     group_size = int(entry["group_size"])
-    q = QuantizedTensor(codes, scale, offset, tuple(entry["shape"]), torch.float32, BITS, group_size)
-    x = dequantize(q)
+    x = dequantize(QuantizedTensor(codes, scale, offset, shape, torch.float32, BITS, group_size))
     if entry["sqrt"]:
         _floor_per_group_(x.view(-1), rounding_loss(scale, bool(entry["stochastic"])), group_size)
         x.square_()
@@ -106,9 +118,7 @@ def zeros_entry(shape, dtype: torch.dtype, device, *, sqrt: bool, group_size: in
                 stochastic: bool = True) -> dict:
     """The entry of an all-zero moment (what an optimizer's fresh state holds), made without the moment:
     codes, scales and offsets all zero decode to exactly 0 (a second moment's floor is then 0 too)."""
-    numel = 1
-    for s in shape:
-        numel *= int(s)
+    numel = math.prod(int(s) for s in shape)
     groups = -(-numel // group_size)
     return {"codes": torch.zeros(numel, dtype=torch.uint8, device=device),
             "scale": torch.zeros(groups, dtype=torch.float32, device=device),
@@ -129,16 +139,8 @@ def decode_range(entry: dict, start: int, end: int) -> torch.Tensor:
     """Elements [start, end) of the flattened moment, restored as ``decode`` restores them (fp32 while the
     moment is fp32, the original dtype otherwise); start a multiple of the group size."""
     a, b = _group_range(entry, start, end)
-    codes = entry["codes"].view(-1)[start:end].to(torch.uint8)
-    scale = entry["scale"][a:b].to(torch.float32)
-    offset = entry["offset"][a:b].to(torch.float32)
-    group_size = int(entry["group_size"])
-    q = QuantizedTensor(codes, scale, offset, (end - start,), torch.float32, BITS, group_size)
-    x = dequantize(q)
-    if entry["sqrt"]:
-        _floor_per_group_(x, rounding_loss(scale, bool(entry["stochastic"])), group_size)
-        x.square_()
-    return x.to(entry["dtype"])
+    codes = entry["codes"].view(-1)[start:end]
+    return _restored(entry, codes, entry["scale"][a:b], entry["offset"][a:b], (end - start,), codes.device)
 
 
 @torch.no_grad()
@@ -147,10 +149,7 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
     of the group size, and the range the whole last group it touches (or the tensor's end)."""
     end = start + x.numel()
     a, b = _group_range(entry, start, end)
-    y = x.detach()
-    if entry["sqrt"]:
-        y = y.float().clamp_min(0).sqrt_()
-    q = quantize(y, bits=BITS, group_size=int(entry["group_size"]), stochastic=bool(entry["stochastic"]), seed=seed)
+    q = _quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), bool(entry["stochastic"]), seed)
     entry["codes"].view(-1)[start:end].copy_(q.codes.view(-1))
     entry["scale"][a:b].copy_(q.scale.view(-1))
     entry["offset"][a:b].copy_(q.offset.view(-1))

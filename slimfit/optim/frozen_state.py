@@ -205,18 +205,15 @@ class FrozenState:
             t = self._transfers[device] = transfer_for(device)
         return t
 
-    def seed_for(self, p, key: str, state: dict, start: int = 0) -> int:
-        """The rounding seed of elements from ``start`` on of one entry (a piece encoded by the chunked step)."""
-        return self._seed_for(p, key, state, start)
-
     def hold(self, p) -> bool:
         """Hold ``p``'s state now (the chunked step, after stepping a state that was in full)."""
         return self._freeze_one(p)
 
-    def _seed_for(self, p, key: str, state: dict, start: int = 0) -> int:
-        """The stochastic-rounding seed of one entry, from this FrozenState's seed, the parameter's place in
-        the optimizer, the entry's name and the parameter's optimizer step count: a run resumed from a
-        checkpoint rounds as the uninterrupted one did (a running counter would start again at 0)."""
+    def seed_for(self, p, key: str, state: dict, start: int = 0) -> int:
+        """The stochastic-rounding seed of one entry (from element ``start`` on: a piece the chunked step
+        encodes), from this FrozenState's seed, the parameter's place in the optimizer, the entry's name and
+        the parameter's optimizer step count: a run resumed from a checkpoint rounds as the uninterrupted one
+        did (a running counter would start again at 0)."""
         if id(p) not in self._index:
             self._index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])}
         step = state.get("step")
@@ -237,7 +234,7 @@ class FrozenState:
                 how = compress_transform(key, t, p)
                 if how is None:
                     continue
-                state[key + Q8] = codec.encode(t, sqrt=how, seed=self._seed_for(p, key, state),
+                state[key + Q8] = codec.encode(t, sqrt=how, seed=self.seed_for(p, key, state),
                                                group_size=self.group_size, stochastic=self.stochastic)
             else:
                 if not offloadable(key, t, p):
@@ -274,10 +271,12 @@ class FrozenState:
         step waits for the copies back."""
         candidates = list(self.optimizer.state.items()) if params is None else \
             [(p, self.optimizer.state.get(p) or {}) for p in params]
+        groups = None if self._chunked is None else \
+            {id(q): g for g in self.optimizer.param_groups for q in g["params"]}
         for p, st in candidates:
             if p.grad is None or not any(held_key(k) for k in st):
                 continue
-            if p.requires_grad and self._chunked is not None and self._chunked.takes(self.optimizer, p):
+            if p.requires_grad and groups is not None and self._chunked.takes(p, groups.get(id(p)), st):
                 continue   # stepped from its held moments, a piece at a time
             if p.requires_grad:
                 self._thaw_one(p)

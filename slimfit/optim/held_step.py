@@ -13,10 +13,10 @@ Lossy at every step (codec.py's bounds; what it costs in accuracy: docs/fidelity
 from __future__ import annotations
 
 import torch
-from torch.optim import adam as _adam
 
 from . import codec
 from .keys import Q8
+from .torch_adam import adam_step
 
 __all__ = ["held_moments", "step_held", "new_held_state"]
 
@@ -55,8 +55,6 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
 @torch.no_grad()
 def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> None:
     """torch's Adam step of ``params`` (held, each with a gradient), a piece at a time; gradients dropped."""
-    beta1, beta2 = group["betas"]
-    amsgrad = group["amsgrad"]
     moments = held_moments(group)
     for p in params:
         state = optimizer.state[p]
@@ -75,13 +73,7 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> N
             piece = flat_p[a:b]
             old = piece.clone() if watched else None
             count = before.clone()
-            _adam.adam(
-                [piece], [flat_g[a:b]], [m[0]], [m[1]], [m[2]] if amsgrad else [], [count],
-                foreach=group["foreach"], capturable=False, differentiable=False, fused=group["fused"],
-                grad_scale=getattr(optimizer, "grad_scale", None), found_inf=getattr(optimizer, "found_inf", None),
-                has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
-                amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-                eps=group["eps"], maximize=group["maximize"])
+            adam_step(optimizer, group, [piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:], [count])
             for (key, _), x in zip(moments, m):
                 codec.encode_range_(state[key + Q8], a, x, seed=holder.seed_for(p, key, state, start=a))
             if old is not None:

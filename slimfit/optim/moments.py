@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FIRST_MOMENTS", "SECOND_MOMENTS", "compress_transform", "offloadable"]
+__all__ = ["FIRST_MOMENTS", "SECOND_MOMENTS", "compress_transform", "offloadable", "plain_tensor"]
 
 # torch.optim: Adam/AdamW/NAdam/RAdam/Adamax "exp_avg", SGD "momentum_buffer", RMSprop "grad_avg" (centered).
 FIRST_MOMENTS = frozenset({"exp_avg", "momentum_buffer", "grad_avg"})
@@ -22,7 +22,7 @@ SECOND_MOMENTS = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum",
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _plain(t) -> bool:
+def plain_tensor(t) -> bool:
     """A plain tensor: torch.Tensor itself, or the fake tensor standing for one (slimfit.plan's prediction)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -30,7 +30,7 @@ def _plain(t) -> bool:
 
 
 def _dense_like(t, p: torch.Tensor) -> bool:
-    return _plain(t) and t.shape == p.shape and t.dim() > 0 and t.device == p.device
+    return plain_tensor(t) and t.shape == p.shape and t.dim() > 0 and t.device == p.device
 
 
 def compress_transform(key, t, p: torch.Tensor) -> bool | None:
