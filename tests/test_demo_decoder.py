@@ -64,6 +64,44 @@ def test_answer_scores_do_not_depend_on_batching():
     assert all(len(a) == 1 for a in enc.answers)  # so `together` took the single pass
 
 
+TOPICS = (" cats", " dogs and more dogs", " fish tanks")   # 1, 4 and 2 tokens
+
+
+def test_n_answers_with_a_prompt_of_their_own():
+    enc = PromptEncoder(ByteTokenizer(), 40, TOPICS, ("Text: {text}\n", "Which topic? Answer:"))
+    assert [len(a) for a in enc.answers] == [1, 4, 2] and enc.field == "text"
+    assert enc.prompt("a b")[:1] == enc.prefix and enc.prompt("a b")[-len(enc.suffix):] == enc.suffix
+    batch = enc.train_batch([("x " * 100, 1), ("y", 2)])
+    assert batch["input_ids"].shape[1] <= 40
+    assert batch["labels"][0][batch["labels"][0] != -100].tolist() == enc.answers[1]
+    with pytest.raises(ValueError, match="distinct"):
+        PromptEncoder(ByteTokenizer(), 40, (" cats", " dogs", " cats"), ("Text: {text}\n", "Answer:"))
+    with pytest.raises(ValueError, match="leaves no room for the text"):
+        PromptEncoder(ByteTokenizer(), 8, TOPICS, ("Text: {text}\n", "Which topic? Answer:"))
+
+
+def test_n_answer_scores_are_each_answers_log_likelihood_in_any_batching():
+    model = tiny_llama().eval()
+    enc = PromptEncoder(ByteTokenizer(), 48, TOPICS, ("Text: {text}\n", "Which topic? Answer:"))
+    examples = [(t, y % 3) for t, y in DATA[:5]]
+    scores = answer_scores(model, enc, examples)
+    assert scores.shape == (5, 3)
+    torch.testing.assert_close(scores, answer_scores(model, enc, examples, pair_batch=1), rtol=1e-5, atol=1e-5)
+    for i, (text, _) in enumerate(examples):        # one sequence at a time, by hand
+        for j, answer in enumerate(enc.answers):
+            p = enc.prompt(text)
+            with torch.no_grad():
+                logp = model(torch.tensor([p + answer])).logits[0].log_softmax(-1)
+            expect = sum(float(logp[len(p) - 1 + k, a]) for k, a in enumerate(answer))
+            assert abs(float(scores[i, j]) - expect) < 1e-4
+    labels = torch.tensor([y for _, y in examples])
+    expect = float((scores.argmax(1) == labels).float().mean())
+    assert decoder.evaluate_decoder(model, enc, examples, batch_size=2, progress=False) == pytest.approx(expect)
+    one_token = PromptEncoder(ByteTokenizer(), 48, (" cats", " dogs", " fish"), ("Text: {text}\n", "Answer:"))
+    torch.testing.assert_close(answer_scores(model, one_token, examples),
+                               answer_scores(model, one_token, examples, single_pass=False), rtol=1e-5, atol=1e-5)
+
+
 def test_plain_and_slimfit_runs_train_and_report():
     model = tiny_llama()
     common = dict(rate=0.5, steps=12, batch_size=4, lr=3e-3, seed=0, max_length=48, progress=False)

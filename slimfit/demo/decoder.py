@@ -18,6 +18,7 @@ import argparse
 import copy
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -66,29 +67,36 @@ def load_smollm2(progress: bool = True):
 
 @dataclass
 class PromptEncoder:
-    """Token ids of prompts and answers (the review truncated so that prompt + answer fit max_length)."""
+    """Token ids of prompts and answers (the text truncated so that prompt + answer fit max_length).
+    `prompt_text`: (the part holding one `{name}` placeholder for the text, the part after it);
+    `answers_text`: the N candidate answers, label i = answers_text[i]; both the Rotten Tomatoes demo's by
+    default."""
     tokenizer: object
     max_length: int
+    answers_text: tuple = ANSWERS
+    prompt_text: tuple = PROMPT
 
     def __post_init__(self):
         enc = self._ids
-        self.prefix, self.suffix = enc(PROMPT[0].split("{review}")[0]), enc(PROMPT[1])
-        self.answers = [enc(a) for a in ANSWERS]
-        if any(not a for a in self.answers) or self.answers[0] == self.answers[1]:
-            raise ValueError(f"the tokenizer maps the answers {ANSWERS} to {self.answers}: "
+        head, self.field, self.tail = re.split(r"\{(\w+)\}", self.prompt_text[0], maxsplit=1)
+        self.prefix, self.suffix = enc(head), enc(self.prompt_text[1])
+        self.answers = [enc(a) for a in self.answers_text]
+        if any(not a for a in self.answers) or len({tuple(a) for a in self.answers}) < len(self.answers):
+            raise ValueError(f"the tokenizer maps the answers {tuple(self.answers_text)} to {self.answers}: "
                              "they must be distinct and non-empty")
         self.budget = self.max_length - len(self.prefix) - len(self.suffix) - max(map(len, self.answers))
         if self.budget < 1:
-            raise ValueError(f"--max-length {self.max_length} leaves no room for the review (the prompt and the answer "
-                             f"take {self.max_length - self.budget} tokens)")
+            raise ValueError(f"--max-length {self.max_length} leaves no room for the {self.field} (the prompt and "
+                             f"the answer take {self.max_length - self.budget} tokens)")
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad = pad if pad is not None else getattr(self.tokenizer, "eos_token_id", None) or 0
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt(self, review: str) -> list[int]:
-        return self.prefix + self._ids(review + "\n")[:self.budget] + self.suffix
+    def prompt(self, text: str) -> list[int]:
+        """The prefix, the text's tokens (with what follows the placeholder) cut to the budget, the suffix."""
+        return self.prefix + self._ids(text + self.tail)[:self.budget] + self.suffix
 
     def pad_batch(self, seqs: list[list[int]], labels: list[list[int]] | None = None, device="cpu") -> dict:
         """Right-padded input_ids / attention_mask (and labels, -100 on padding)."""
@@ -117,9 +125,11 @@ class PromptEncoder:
 
 
 @torch.no_grad()
-def answer_scores(model, enc: PromptEncoder, examples, device="cpu", single_pass: bool | None = None) -> torch.Tensor:
-    """(n, 2) summed log-likelihood of each answer after each review's prompt. When every answer is one
-    token (SmolLM2: ' positive', ' negative'), one forward over the prompts gives them all (single_pass)."""
+def answer_scores(model, enc: PromptEncoder, examples, device="cpu", single_pass: bool | None = None,
+                  pair_batch: int = 16) -> torch.Tensor:
+    """(n, N) summed log-likelihood of each of the N answers after each text's prompt. When every answer is
+    one token (SmolLM2: ' positive', ' negative'), one forward over the prompts gives them all (single_pass);
+    otherwise every (prompt, answer) pair is scored, `pair_batch` sequences a forward."""
     prompts = [enc.prompt(t) for t, _ in examples]
     if single_pass is None:
         single_pass = all(len(a) == 1 for a in enc.answers)
@@ -128,19 +138,23 @@ def answer_scores(model, enc: PromptEncoder, examples, device="cpu", single_pass
         last = torch.tensor([len(p) - 1 for p in prompts], device=logits.device)
         logp = logits[torch.arange(len(prompts), device=logits.device), last].float().log_softmax(-1).cpu()
         return logp[:, [a[0] for a in enc.answers]]
+    pairs = [(i, j) for i in range(len(prompts)) for j in range(len(enc.answers))]
     scores = torch.zeros(len(examples), len(enc.answers))
-    for j, answer in enumerate(enc.answers):
-        batch = enc.pad_batch([p + answer for p in prompts], device=device)
-        logp = model(**batch).logits.float().log_softmax(-1).cpu()
-        for i, p in enumerate(prompts):
-            # token answer[k] is predicted at position len(p) - 1 + k
-            pos = torch.arange(len(p) - 1, len(p) - 1 + len(answer))
-            scores[i, j] = logp[i, pos, torch.tensor(answer)].sum()
+    for start in range(0, len(pairs), pair_batch):
+        chunk = pairs[start:start + pair_batch]
+        logits = model(**enc.pad_batch([prompts[i] + enc.answers[j] for i, j in chunk], device=device)).logits
+        for row, (i, j) in enumerate(chunk):
+            # token answer[k] is predicted at position len(prompt) - 1 + k
+            answer, first = enc.answers[j], len(prompts[i]) - 1
+            logp = logits[row, first:first + len(answer)].float().log_softmax(-1).cpu()
+            scores[i, j] = logp[torch.arange(len(answer)), torch.tensor(answer)].sum()
     return scores
 
 
 def evaluate_decoder(model, enc: PromptEncoder, test, device="cpu", batch_size: int = 16,
                      progress: bool = True) -> float:
+    """Share of `test` ((text, label) pairs) whose label's answer has the highest log-likelihood among the
+    N answers (eval mode, no grad)."""
     from .finetune import _progress
 
     model.eval()
