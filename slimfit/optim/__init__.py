@@ -20,7 +20,7 @@ callback with ``ILSScheduler.register_frozen_set_hook``, and this package regist
 """
 from slimfit.scheduler.extensions import register_chunked_step, register_frozen_state
 
-from .checkpoint import restore_state
+from .checkpoint import held_state_dict, restore_state, set_checkpoint_format
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .codec import decode, encode, encoded_nbytes
 from .frozen_state import MODES, FrozenState, attach_frozen_state
@@ -41,6 +41,7 @@ register_frozen_state(_scheduler_frozen_state)
 register_chunked_step(attach_chunked_step)
 
 __all__ = [
-    "FrozenState", "attach_frozen_state", "MODES", "restore_state", "encode", "decode", "encoded_nbytes",
+    "FrozenState", "attach_frozen_state", "MODES", "restore_state", "set_checkpoint_format", "held_state_dict",
+    "encode", "decode", "encoded_nbytes",
     "InBackwardOptimizer", "step_in_backward", "CLIPPING_OPTIONS", "ChunkedStep", "attach_chunked_step",
 ]

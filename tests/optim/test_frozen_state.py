@@ -5,7 +5,7 @@ import pytest
 import torch
 from _optim_models import build, data, frozen_params, loss_of, matrices, train, weights
 
-from slimfit.optim import FrozenState, attach_frozen_state, codec, restore_state
+from slimfit.optim import FrozenState, attach_frozen_state, codec, held_state_dict, restore_state
 from slimfit.optim.keys import HOST, Q8
 from slimfit.scheduler import ILSScheduler
 
@@ -196,8 +196,8 @@ def test_checkpoint_round_trip_keeps_the_held_entries_exactly():
     for p in held:
         a, b = opt.state[p]["exp_avg_sq" + Q8], opt2.state[params2[id(p)]]["exp_avg_sq" + Q8]
         assert b["codes"].dtype == torch.uint8 and all(torch.equal(a[k], b[k]) for k in ("codes", "scale", "offset"))
-    plain = torch.optim.AdamW(build(0).parameters())   # a plain optimizer: restore_state decodes by hand
-    plain.load_state_dict(sd)
+    plain = torch.optim.AdamW(build(0).parameters())   # the slimfit-only format: restore_state decodes by hand
+    plain.load_state_dict(held_state_dict(opt))
     assert restore_state(plain) == len(held)
     assert all(type(st["exp_avg_sq"]) is torch.Tensor for st in plain.state.values())
 
