@@ -21,12 +21,21 @@ def device(request):
     return request.param
 
 
+def threads_for_tests() -> int:
+    """Intra-op threads of the optimizer and scheduler tests: 1 unless SLIMFIT_TEST_THREADS says otherwise. CI
+    runs those tests at 1 and at 2 (.ci/run), so an outcome that hangs on one summation order fails at home."""
+    value = os.environ.get("SLIMFIT_TEST_THREADS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SLIMFIT_TEST_THREADS must be a positive int, got {value!r}")
+    return int(value)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test (the shared 2-core machines: small models stay fast and sums keep one
-    order), the previous count restored after."""
+    order), or SLIMFIT_TEST_THREADS of them; the previous count restored after."""
     n = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads_for_tests())
     yield
     torch.set_num_threads(n)
 

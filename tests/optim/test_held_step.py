@@ -65,10 +65,10 @@ def test_a_step_from_held_moments_is_torch_s_step_from_their_decoded_values():
             assert ((got - target.view(-1)).abs() <= steps * 1.0001 + 1e-12).all(), key
 
 
-def _scheduled_run(frozen_state):
-    model = build(0)
+def _scheduled_run(frozen_state, seed=0):
+    model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=seed, frozen_state=frozen_state)
     losses = []
     for s in range(20):
         loss = loss_of(model, data(seed=s % 2))
@@ -80,12 +80,25 @@ def _scheduled_run(frozen_state):
     return losses, opt, sched
 
 
+# The seeds' spread on this toy (final loss of compress_all over the plain run's, per model seed 0-5, at 1 and
+# 2 threads, Intel Xeon): 0.59-1.50, std 0.27; the means' ratio 0.97 (1 thread) and 0.82 (2). One run's outcome
+# is chaotic (LayerNorm's backward sums in another order at 2 threads, and stochastic rounding turns that last
+# bit into another run), so only the mean over the seeds is compared, with three standard errors of margin:
+# 1 + 3 * 0.27 / sqrt(6) = 1.33.
+_SEEDS = range(6)
+_MEAN_RATIO_MARGIN = 1.33
+
+
 def test_it_trains_and_the_scheduler_holds_every_layer_with_compress_all():
-    """Lossy at every step, yet on this toy it trains as AdamW with the state in full does: final loss no more
-    than 1.5x (measured 0.84x: 0.216 vs 0.259 from 1.38). Accuracy on real tasks: docs/fidelity.md."""
-    plain, _, _ = _scheduled_run(None)
-    losses, opt, sched = _scheduled_run("compress_all")
-    assert losses[-1] < 0.25 * losses[0] and losses[-1] <= 1.5 * plain[-1]
+    """Lossy at every step, yet on this toy it trains as AdamW with the state in full does: over six seeds the
+    mean final loss within the seeds' margin above plain's. Accuracy on real tasks: docs/fidelity.md."""
+    plain = [_scheduled_run(None, seed)[0] for seed in _SEEDS]
+    held = [_scheduled_run("compress_all", seed) for seed in _SEEDS[:-1]]
+    losses, opt, sched = _scheduled_run("compress_all", _SEEDS[-1])
+    finals = [run[0][-1] for run in held] + [losses[-1]]
+    mean_plain, mean_held = (sum(x) / len(x) for x in ([r[-1] for r in plain], finals))
+    assert mean_held < 0.4 * sum(r[0] for r in plain) / len(plain)      # it trains: 1.38 -> about 0.3
+    assert mean_held <= _MEAN_RATIO_MARGIN * mean_plain, (finals, [r[-1] for r in plain])
     assert all(set(st) <= {"step", "exp_avg" + Q8, "exp_avg_sq" + Q8} for st in opt.state.values())
     sched.close()      # nothing frozen: the holder puts every state back in full
     assert all(type(st["exp_avg"]) is torch.Tensor for st in opt.state.values())
