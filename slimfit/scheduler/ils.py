@@ -30,6 +30,7 @@ The only contract with the rest of slimfit is ``param.requires_grad``.
 """
 from __future__ import annotations
 
+import gc
 import warnings
 import weakref
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import budget as _budget
 from .candidates import (
@@ -122,6 +124,132 @@ def _layer_bytes(cfg: SchedulerConfig, named: list, candidates: list) -> tuple[O
     return bytes_, base
 
 
+# One live scheduler per optimizer and per parameter. A second one on the same optimizer hooks the same step (a
+# second chunked step finds no gradient left, so its layers score 0; two holders hold the same state); on the
+# same parameters it flips the same requires_grad. Both are refused, naming the first (issue #38).
+_PARAM_OWNERS = WeakIdKeyDictionary()                      # parameter -> weakref to its scheduler
+_OPTIMIZER_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> _Attached
+
+
+class _Attached:
+    """The scheduler attached to an optimizer (weakly) and what it hooked there beyond its weak guard: the
+    chunked step and the held state live as long as the optimizer, so those of a scheduler dropped without
+    close() are taken off by the next scheduler attached to it."""
+
+    def __init__(self, scheduler: "ILSScheduler"):
+        self.ref = weakref.ref(scheduler)
+        self.hooked: list = []
+
+
+def _live(ref) -> "Optional[ILSScheduler]":
+    """The scheduler behind ``ref`` while it schedules (alive, built and not closed), else None."""
+    scheduler = ref() if ref is not None else None
+    return scheduler if scheduler is not None and not getattr(scheduler, "_closed", True) else None
+
+
+def _left_frozen(module) -> list:
+    """Names of ``module``'s parameters left frozen by a scheduler dropped without close()."""
+    names = []
+    for name, p in unwrap_model(module).named_parameters():
+        ref = _PARAM_OWNERS.get(p)
+        if ref is not None and ref() is None and not p.requires_grad:
+            names.append(name)
+    return names
+
+
+def _warn_left_frozen(module) -> None:
+    """Warn of parameters a dropped scheduler left frozen: they are no candidates (only trainable ones are)."""
+    left = _left_frozen(module) if module is not None else []
+    if left:
+        warnings.warn(f"ILSScheduler: {len(left)} parameters ({', '.join(left[:4])}{', ...' if len(left) > 4 else ''}) "
+                      "were left frozen by an ILSScheduler dropped without close(), so this one does not schedule "
+                      "them. Call close() on a scheduler you stop using; to schedule them, set requires_grad_(True) "
+                      "on them before building this one", stacklevel=3)
+
+
+def _claim(scheduler: "ILSScheduler") -> None:
+    """When ``scheduler`` starts (its first frozen set applied): ValueError if another live one schedules some
+    of its layers, else it is recorded as theirs. A scheduler built and never started (to read its names or
+    first decision) claims nothing."""
+    _check_sole_owner(scheduler, None)
+    for p in scheduler.params:
+        _PARAM_OWNERS[p] = weakref.ref(scheduler)
+    scheduler._claimed = True
+
+
+def _release(scheduler: "ILSScheduler") -> None:
+    """Forget ``scheduler`` as the owner of its layers and optimizer (at close())."""
+    for p in scheduler.params:
+        ref = _PARAM_OWNERS.get(p)
+        if ref is not None and ref() is scheduler:
+            del _PARAM_OWNERS[p]
+    optimizer = scheduler._attached_to() if scheduler._attached_to is not None else None
+    if optimizer is not None:
+        _release_optimizer(scheduler, optimizer)
+
+
+def _release_optimizer(scheduler: "ILSScheduler", optimizer) -> None:
+    """Forget ``scheduler`` as the one attached to ``optimizer`` (closed, or attached to another)."""
+    entry = _OPTIMIZER_OWNERS.get(optimizer)
+    if entry is not None and entry.ref() is scheduler:
+        del _OPTIMIZER_OWNERS[optimizer]
+
+
+def _described(scheduler: "ILSScheduler") -> str:
+    names = ", ".join(scheduler.names[:4]) + (", ..." if scheduler.num_layers > 4 else "")
+    return f"{scheduler!r} at {id(scheduler):#x}, which schedules {names}"
+
+
+def _other_owners(scheduler: "ILSScheduler", optimizer) -> tuple:
+    """(the live scheduler attached to ``optimizer`` other than this one, this one's layers another live
+    scheduler schedules with it); a dropped scheduler caught in a reference cycle is collected first."""
+    for attempt in range(2):
+        entry = _OPTIMIZER_OWNERS.get(optimizer) if optimizer is not None else None
+        on_optimizer = _live(entry.ref if entry is not None else None)
+        on_optimizer = None if on_optimizer is scheduler else on_optimizer
+        shared, first = [], None
+        for name, p in zip(scheduler.names, scheduler.params):
+            owner = _live(_PARAM_OWNERS.get(p))
+            if owner is not None and owner is not scheduler:
+                shared.append(name)
+                first = first or owner
+        if (on_optimizer is None and not shared) or attempt:
+            return on_optimizer, shared, first
+        gc.collect()
+
+
+def _check_sole_owner(scheduler: "ILSScheduler", optimizer) -> None:
+    """ValueError when another live ILSScheduler schedules some of these layers or is attached to
+    ``optimizer`` (an unwrapped torch optimizer or None): it names that scheduler and the fix."""
+    on_optimizer, shared, first = _other_owners(scheduler, optimizer)
+    if shared:
+        raise ValueError(
+            f"ILSScheduler: {len(shared)} of these layers ({', '.join(shared[:4])}{', ...' if len(shared) > 4 else ''})"
+            f" are scheduled already by {_described(first)}; two schedulers would flip the same requires_grad. "
+            "Call close() on that one first (it unfreezes its layers and takes its hooks off the optimizer), or "
+            "give each scheduler other layers (layers=[...] or (name, parameter) pairs)")
+    if on_optimizer is not None:
+        raise ValueError(
+            f"ILSScheduler: this optimizer is attached already to {_described(on_optimizer)}; two schedulers "
+            "on one optimizer hook the same step (the second's chunked step finds no gradient left, its layers "
+            "would score 0). Call close() on that one first, or schedule both layer sets with one ILSScheduler, "
+            "or build this one with optimizer=None (it then hooks nothing on the optimizer)")
+
+
+def _take_over(scheduler: "ILSScheduler", optimizer) -> _Attached:
+    """Record ``scheduler`` as the one attached to ``optimizer``; what a scheduler dropped there without
+    close() left hooked is taken off first (a warning says so)."""
+    entry = _OPTIMIZER_OWNERS.get(optimizer)
+    if entry is not None and entry.ref() is None and entry.hooked:
+        warnings.warn("ILSScheduler: the scheduler attached to this optimizer before was dropped without close(); "
+                      "its chunked step and held optimizer state are taken off it now. Call close() on a "
+                      "scheduler you stop using", stacklevel=4)
+        for hooked in entry.hooked:
+            hooked.remove()
+    entry = _OPTIMIZER_OWNERS[optimizer] = _Attached(scheduler)
+    return entry
+
+
 class _ApplyOnFirstForward:
     """The model's forward pre-hook that applies a scheduler's first frozen set. It holds the
     scheduler weakly, so a scheduler dropped before training (built only to read its decision)
@@ -158,6 +286,10 @@ class ILSScheduler:
     What each option does: :class:`SchedulerConfig`. ``self.config`` holds the options in force
     (``set_freeze_rate`` replaces it); ``scheduled_kinds`` and ``always_train`` are those options
     resolved against the model, ``base_bytes`` the base with the unscheduled candidates' bytes added.
+
+    One live scheduler per optimizer and per layer: a second one attached to the same optimizer, or starting
+    over layers another schedules, is a ValueError that names the first (``close()`` it first). A scheduler
+    built and never started (to read its names or first decision) claims nothing.
     """
 
     def __init__(self, model_or_named_params: Union[nn.Module, Iterable], config=None, optimizer=None,
@@ -173,6 +305,9 @@ class ILSScheduler:
         self.names: list[str] = [n for n, _ in named]
         self.params: list[nn.Parameter] = [p for _, p in named]
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        if optimizer is not None:   # it starts now: refused before the model is touched
+            _check_sole_owner(self, unwrap_optimizer(optimizer))
+        _warn_left_frozen(module)
         self._bytes, self.base_bytes = _layer_bytes(self.config, named, candidates)
         self._init_state()
         self._decide(first=True)
@@ -183,6 +318,8 @@ class ILSScheduler:
         # layers frozen now would never train (Trainer builds its optimizer that way).
         self._pending = True
         self._forward_hook = None
+        self._attached_to = None   # weakref to the optimizer attached (the one-scheduler-per-optimizer record)
+        self._claimed = False      # its layers recorded as its own (when it starts: _claim)
         if optimizer is not None:
             self.attach_optimizer(optimizer)   # training starts now: applies the frozen set
         elif module is not None:
@@ -284,7 +421,10 @@ class ILSScheduler:
 
     def apply(self) -> None:
         """Apply the current frozen set to ``requires_grad`` now. Done by itself at the model's
-        first forward, at ``attach_optimizer`` and at ``step()``; call it to freeze earlier."""
+        first forward, at ``attach_optimizer`` and at ``step()``; call it to freeze earlier. ValueError when
+        another live scheduler schedules some of the same layers (close() that one first)."""
+        if not self._claimed:
+            _claim(self)
         self._pending = False
         if self._forward_hook is not None:
             self._forward_hook.remove()
@@ -297,8 +437,16 @@ class ILSScheduler:
         state), and so ``step()`` can skip iterations where the optimizer did not step.
 
         Raises ValueError when the optimizer holds none of the scheduled parameters, and warns
-        when it misses some: those layers could never train."""
+        when it misses some: those layers could never train. ValueError too when another live scheduler
+        is attached to it (one scheduler per optimizer: close() the other first)."""
         check_optimizer_coverage(optimizer, self.names, self.params)
+        opt = unwrap_optimizer(optimizer)
+        _check_sole_owner(self, opt)
+        previous = self._attached_to() if self._attached_to is not None else None
+        if previous is not None and previous is not opt:
+            _release_optimizer(self, previous)
+        entry = _take_over(self, opt)
+        self._attached_to = weakref.ref(opt)
         if self._guard is not None:
             self._guard.remove()
         snapshot = None if self._sharded else weak_method(self._snapshot_before_update)
@@ -310,6 +458,7 @@ class ILSScheduler:
         self._idle_calls = 0
         self._attach_chunked_step(optimizer)     # first: frozen_state="compress_all" steps through it
         self._attach_frozen_state(optimizer)
+        entry.hooked = [h for h in (self._chunked_step, self._frozen_state) if h is not None]
         if self._pending:
             self.apply()
         return self._guard
@@ -529,6 +678,7 @@ class ILSScheduler:
             self._frozen_state.remove()
             self._frozen_state = None
         self._frozen_set_hooks.clear()
+        _release(self)
         self._closed = True
 
     def __repr__(self) -> str:

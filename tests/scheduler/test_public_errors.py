@@ -134,3 +134,81 @@ def test_every_function_of_the_scheduler_package_is_under_60_lines():
                 if lines >= 60:
                     long.append(f"{f.name}:{node.name} ({lines} lines)")
     assert not long, long
+
+
+def _train_one_step(model, opt, sched):
+    x, y = regression_data()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+
+
+def test_a_second_scheduler_on_one_optimizer_is_refused_naming_the_first():
+    """Issue #38: two schedulers on one optimizer hooked the same step (the second's chunked step found no
+    gradient left: its layers scored 0) without a word. The second is refused, named, with the fixes."""
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = ILSScheduler(model, 0.5, optimizer=opt, layers=["fc1.weight", "fc2.weight"])
+    flags = [p.requires_grad for p in model.parameters()]
+    with pytest.raises(ValueError, match=rf"attached already to ILSScheduler\(layers=2.*at {id(first):#x}, which "
+                                         r"schedules fc1.weight, fc2.weight.*close\(\).*optimizer=None"):
+        ILSScheduler(model, 0.5, optimizer=opt, layers=["head.weight", "ln1.weight"])
+    assert [p.requires_grad for p in model.parameters()] == flags and len(model._forward_pre_hooks) == 0
+    late = ILSScheduler(model, 0.5, layers=["head.weight", "ln1.weight"])
+    with pytest.raises(ValueError, match="attached already to ILSScheduler"):
+        late.attach_optimizer(opt)
+    del late                                                # alive, it would start at the next forward
+    other = ILSScheduler(model, 0.5, optimizer=None, layers=["head.weight", "ln1.weight"])   # the first fix
+    _train_one_step(model, opt, first)
+    other.step()
+    first.close()                                                                              # the second
+    again = ILSScheduler(model, 0.5, optimizer=opt, layers=["ln2.weight"])
+    _train_one_step(model, opt, again)
+    assert again.step_count == 1
+
+
+def test_the_same_layers_under_two_schedulers_are_refused_whatever_the_optimizers():
+    """The same model scheduled twice (two optimizers, or none): both would flip the same requires_grad, so the
+    one that starts second is refused (at construction with an optimizer, else at its first frozen set); a
+    scheduler built and never started (to read its names or first decision) claims nothing."""
+    model = MLP()
+    reader = ILSScheduler(model, 0.5)                       # never started: no claim
+    first_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = ILSScheduler(model, 0.5, optimizer=first_opt)
+    assert reader.names == first.names
+    with pytest.raises(ValueError, match=rf"of these layers \(fc1.weight.*scheduled already by ILSScheduler"
+                                         rf"\(layers=3.* at {id(first):#x}, which schedules fc1.weight, "
+                                         r"fc2.weight, head.weight.*close\(\)"):
+        ILSScheduler(model, 0.5, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with pytest.raises(ValueError, match="scheduled already by"):
+        reader.apply()                                      # it would start now
+    with pytest.raises(ValueError, match="scheduled already by"):
+        model(regression_data()[0])                         # its first-forward hook starts it
+    first.close()
+    del reader
+    second_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    second = ILSScheduler(model, 0.5, optimizer=second_opt)
+    _train_one_step(model, second_opt, second)
+    assert second.step_count == 1
+
+
+def test_a_scheduler_dropped_without_close_is_cleaned_up_by_the_next_with_warnings():
+    """Its chunked step stayed on the optimizer and took every gradient first (the next scheduler's layers
+    scored 0); the next one attached there takes it off, and names the layers it left frozen."""
+    import gc
+
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    dropped = ILSScheduler(model, 0.5, optimizer=opt)
+    _train_one_step(model, opt, dropped)
+    left = dropped.frozen_names()
+    del dropped
+    gc.collect()
+    with pytest.warns(UserWarning, match="dropped without close") as caught:
+        sched = ILSScheduler(model, 0.5, optimizer=opt)
+    texts = " ".join(str(w.message) for w in caught)
+    assert f"{len(left)} parameters ({left[0]}" in texts and "chunked step and held optimizer state" in texts
+    for _ in range(2):
+        _train_one_step(model, opt, sched)
+    assert all(0 < s < 1e6 for s in sched.layer_scores().values())   # scored, not 0 (nor the initial 1e6+)
