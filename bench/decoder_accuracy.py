@@ -358,13 +358,15 @@ def _done(row: dict, done: list[dict], task: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     fields, fortunes = args.fields, args.task == "fortunes"
+    render = markdown_fortunes if fortunes else markdown
     path = _results.results_path(args.results, "csv", "cpu")
     done = [] if args.quick else _results.read_rows(path)
 
-    def keep(row):
+    def keep(row):   # the CSV row and the Markdown as each run lands
         done.append(row)
         if not args.quick:
             _results.append_row(path, {f: row.get(f, "") for f in fields}, fields)
+            _results.write_text(_results.results_path(args.results, "md", "cpu"), render(done))
 
     if not args.render_only:
         (model, tokenizer), train, test = _assets(args)
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{spec:20s} seed {seed}: loss {row['heldout_loss']} accuracy {row['accuracy']}"
                       + (f" ({row['run_s']} s)" if fortunes else ""), flush=True)
                 keep(row)
-    text = markdown_fortunes(done) if fortunes else markdown(done)
+    text = render(done)
     print(text)
     if not args.quick:
         _results.write_text(_results.results_path(args.results, "md", "cpu"), text)
