@@ -43,7 +43,7 @@ from slimfit.scheduler.optim import unwrap_optimizer
 from .held_step import is_held, new_held_state, step_held
 from .keys import held_key
 from .moments import plain_tensor
-from .torch_adam import adam_step
+from .torch_adam import adam_step, lr_factors, scaled_group
 
 __all__ = ["ChunkedStep", "attach_chunked_step", "for_optimizer", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
@@ -107,6 +107,15 @@ def _flat(t, a, b):
     return t.view(-1)[a:b]
 
 
+def _factor_runs(ps, factors, chunk_numel):
+    """(factor, batch of (param index, start, end)) over ``ps``: pieces of parameters stretched alike share a
+    call; the parameters keep their order within a factor."""
+    for f in dict.fromkeys(factors):
+        idx = [i for i, g in enumerate(factors) if g == f]
+        for batch in _batches([ps[i] for i in idx], chunk_numel):
+            yield f, [(idx[j], a, b) for j, a, b in batch]
+
+
 @torch.no_grad()
 def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
     """torch's Adam step of ``params`` (every one with a gradient), chunk by chunk, then their gradients dropped."""
@@ -119,13 +128,13 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
     watched = [observer is not None and observer.wants(p) for p in ps]
     before = [s.clone() for s in steps]          # every piece of a parameter starts from its step count
     last = list(before)
-    for batch in _batches(ps, chunk_numel):
+    for factor, batch in _factor_runs(ps, lr_factors(observer, ps), chunk_numel):
         views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
         counts = [before[i].clone() for i, _, _ in batch]
         olds = [v[0].clone() if watched[i] else None for (i, _, _), v in zip(batch, views)]
-        adam_step(optimizer, group, [v[0] for v in views], [v[1] for v in views], [v[2] for v in views],
-                  [v[3] for v in views], [v[4] for v in views], counts)
+        adam_step(optimizer, scaled_group(group, factor), [v[0] for v in views], [v[1] for v in views],
+                  [v[2] for v in views], [v[3] for v in views], [v[4] for v in views], counts)
         for (i, a, _), v, old, count in zip(batch, views, olds, counts):
             last[i] = count
             if old is not None:

@@ -16,7 +16,7 @@ import torch
 
 from . import codec
 from .keys import Q8
-from .torch_adam import adam_step
+from .torch_adam import adam_step, lr_factors, scaled_group
 
 __all__ = ["held_moments", "step_held", "new_held_state"]
 
@@ -56,7 +56,7 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
 def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> None:
     """torch's Adam step of ``params`` (held, each with a gradient), a piece at a time; gradients dropped."""
     moments = held_moments(group)
-    for p in params:
+    for p, factor in zip(params, lr_factors(observer, params)):
         state = optimizer.state[p]
         step_t = state["step"]
         before = step_t.clone()
@@ -73,7 +73,8 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> N
             piece = flat_p[a:b]
             old = piece.clone() if watched else None
             count = before.clone()
-            adam_step(optimizer, group, [piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:], [count])
+            adam_step(optimizer, scaled_group(group, factor), [piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:],
+                      [count])
             for (key, _), x in zip(moments, m):
                 codec.encode_range_(state[key + Q8], a, x, seed=holder.seed_for(p, key, state, start=a))
             if old is not None:

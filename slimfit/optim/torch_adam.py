@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch.optim import adam as _adam
 
-__all__ = ["adam_step"]
+__all__ = ["adam_step", "lr_factors", "scaled_group"]
 
 
 def adam_step(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps) -> None:
@@ -23,3 +23,15 @@ def adam_step(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
         has_complex=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
         amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
         eps=group["eps"], maximize=group["maximize"])
+
+
+def lr_factors(observer, params) -> list:
+    """Per parameter, the factor its update is stretched by this step (the scheduler's update_scale="share";
+    1.0 without an observer that asks for one)."""
+    ask = getattr(observer, "lr_factor", None)
+    return [1.0 if ask is None else float(ask(p)) for p in params]
+
+
+def scaled_group(group, factor: float) -> dict:
+    """``group`` with its learning rate times ``factor`` (the group itself when the factor is 1)."""
+    return group if factor == 1.0 else {**group, "lr": group["lr"] * factor}

@@ -466,14 +466,13 @@ class ILSScheduler:
     def _attach_chunked_step(self, optimizer) -> None:
         """config.step_chunk_numel: the optimizer's step a piece at a time, with the trained layers scored in
         it (in_step.py), by what slimfit.optim registered (extensions.py). Not for sharded parameters (their
-        scores are sums over shards, sharded.py), nor with update_scale="share" (it stretches each update
-        by its snapshot). Exact, so left out quietly when slimfit.optim is not loaded."""
+        scores are sums over shards, sharded.py). With update_scale="share" it stretches each trained layer's
+        update itself (in_step.py's lr_factor). Exact, so left out quietly when slimfit.optim is not loaded."""
         if self._chunked_step is not None:
             self._chunked_step.remove()
             self._chunked_step = None
         factory = chunked_step_factory()
-        if (self.config.step_chunk_numel is None or factory is None or self._sharded
-                or self.config.experimental.update_scale != "none"):
+        if self.config.step_chunk_numel is None or factory is None or self._sharded:
             return
         step = factory(optimizer, self.config.step_chunk_numel, self._in_step)
         if step.active:
@@ -731,9 +730,10 @@ class ILSScheduler:
         if not idx:
             return False
         summed = [i for i in idx if i in self._sums]
-        if summed:   # scored inside the optimizer step (in_step.py)
+        if summed:   # scored inside the optimizer step (in_step.py), of the update as stretched there
             it = torch.tensor(summed, dtype=torch.long)
-            self._scores[it] = torch.tensor([self._sums[i].value() for i in summed], dtype=torch.float64)
+            self._scores[it] = torch.tensor([self._sums[i].value() / self._coming_factor(i) for i in summed],
+                                            dtype=torch.float64)
             self._seen[it] = True
             idx = [i for i in idx if i not in self._sums]
             if not idx:
@@ -780,16 +780,22 @@ class ILSScheduler:
         minus snapshot) by its catch-up factor, in place; returns the factors (None: nothing scaled)."""
         if self.config.experimental.update_scale != "share" or not idx:
             return None
-        L = self.num_layers
-        cap = L / max(1, L - num_frozen(self.current_rate(), L, self.config.rounding))
-        steps = self._step + 1                               # counting the step that just ended
-        counts = (self._train_count + self._trained.long()).tolist()
-        factors = [min(cap, steps / counts[i]) for i in idx]
+        factors = [self._coming_factor(i) for i in idx]
         for i, f in zip(idx, factors):
-            if f != 1.0 and i in self._snap:   # (no snapshot: the layer did not move)
+            # summed: stretched already inside a chunked step (in_step.py); no snapshot: the layer did not move
+            if f != 1.0 and i not in self._sums and i in self._snap:
                 # p + (f - 1) (p - snap) == lerp(p, snap, 1 - f)
                 local_tensor(self.params[i]).lerp_(self._snap[i], 1.0 - f)
         return factors
+
+    def _coming_factor(self, i: int) -> float:
+        """update_scale="share": the factor by which layer ``i``'s update of the step under way (trained now)
+        is stretched, steps so far / steps it trained, capped at layers / trained layers; 1.0 otherwise."""
+        if self.config.experimental.update_scale != "share" or not bool(self._trained[i]):
+            return 1.0
+        L = self.num_layers
+        cap = L / max(1, L - num_frozen(self.current_rate(), L, self.config.rounding))
+        return min(cap, (self._step + 1) / (int(self._train_count[i]) + 1))   # counting the step under way
 
     def _frozen_params(self) -> list[nn.Parameter]:
         return [p for p, t in zip(self.params, self._trained.tolist()) if not t]

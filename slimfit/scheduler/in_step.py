@@ -8,6 +8,10 @@ them to the layer's running sums (scores.BlockSums) right after the piece's upda
 On the CPU the score is the snapshot path's bit for bit (the same blocks, in the same order; tested);
 elsewhere the sums stay on the device and equal it up to rounding.
 
+With ``update_scale="share"`` the observer also names each trained layer's catch-up factor (``lr_factor``): the
+chunked step runs that layer's update at the group's learning rate times the factor, so the stretched update
+costs no weight snapshot; the layer's score divides it out again (every score is linear in the update).
+
 Parameters the chunked step leaves to the optimizer's own step (a fused group, a held state) are named to
 ``left_to_optimizer`` right before they move, and snapshotted as before. Two updates before one
 ``ILSScheduler.step()`` add up: the score is the sum of each update's own.
@@ -38,6 +42,12 @@ class InStepScores:
 
     def wants(self, p) -> bool:
         return self._layer(p)[1] is not None
+
+    def lr_factor(self, p) -> float:
+        """The factor the coming update of ``p`` is stretched by (1.0: none). Every layer summed here was
+        stretched by it: its score divides it out (ILSScheduler._score_trained)."""
+        sched, i = self._layer(p)
+        return 1.0 if i is None else sched._coming_factor(i)
 
     def piece(self, p, start: int, old, new) -> None:
         sched, i = self._layer(p)

@@ -87,12 +87,49 @@ def test_an_optimizer_it_cannot_take_keeps_the_snapshots():
     assert any(n > 0 for n in snaps)
 
 
-def test_update_scale_share_keeps_the_snapshots():
+def _run_share(chunk, frozen_state=None, steps=STEPS):
     torch.manual_seed(0)
     model = Wide()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, update_scale="share")
-    assert sched._chunked_step is None
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state,
+                         step_chunk_numel=chunk, update_scale="share")
+    history, snaps = [], []
+    for step in range(steps):
+        x, y = regression_data(seed=step % 3)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        snaps.append(len(sched._snap))
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        history.append((sched._scores.clone(), tuple(sched.frozen_names())))
+    return history, snaps, sched, model
+
+
+def test_update_scale_share_stretches_inside_the_chunked_step_without_snapshots():
+    """The chunked step runs a trained layer's update at lr times its catch-up factor: the weights the snapshot
+    path's stretch makes (to rounding, checked early: lr * f inside the step against p + (f - 1) * update after it), its
+    frozen sets, and no snapshot at any moment. Scores of the unscaled update: the same to rounding while the
+    weights are (the first two steps; later the relative score's 1 / |W| magnifies the weights' last bits)."""
+    snapshot, _, snap_sched, m1 = _run_share(None)
+    in_step, snaps, sched, m2 = _run_share(BLOCK_NUMEL)
+    _, _, _, early1 = _run_share(None, steps=2)
+    _, _, _, early2 = _run_share(BLOCK_NUMEL, steps=2)
+    assert snap_sched._chunked_step is None and sched._chunked_step is not None and all(n == 0 for n in snaps)
+    assert [f for _, f in snapshot] == [f for _, f in in_step]
+    assert len({f for _, f in in_step}) > 1
+    for (a, _), (b, _) in zip(snapshot[:2], in_step[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=0)
+    for p, q in zip(early1.parameters(), early2.parameters()):   # one stretched step: a few ulps
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-8)
+    assert max(sched.train_counts().values()) < STEPS     # a layer sat out steps: some update was stretched
+
+
+def test_update_scale_share_stretches_held_moments_too():
+    """Every moment 8-bit (compress_all): the held step stretches the update by the same factor."""
+    history, snaps, sched, model = _run_share(BLOCK_NUMEL, frozen_state="compress_all")
+    assert sched._frozen_state is not None and all(n == 0 for n in snaps)
+    plain, _, _, _ = _run_share(BLOCK_NUMEL)
+    assert [f for _, f in history][:2] == [f for _, f in plain][:2]   # lossy after: the same early decisions
 
 
 def test_mid_step_checkpoint_carries_the_sums_and_bad_sums_are_refused():
