@@ -18,7 +18,7 @@ import os
 import torch
 
 from . import reference
-from .validation import OP_CHECKS, num_groups, packed_code_bytes, topk_index_dtype
+from .validation import OP_CHECKS, blockwise_bits, num_groups, packed_code_bytes, topk_index_dtype
 
 SCHEMAS = {
     "quantize": "quantize(Tensor x, int bits, int group_size, bool stochastic, int seed) -> (Tensor, Tensor, Tensor)",
@@ -30,6 +30,9 @@ SCHEMAS = {
     "unpack_bits": "unpack_bits(Tensor packed, int numel) -> Tensor",
     "dropout_mask": "dropout_mask(Tensor like, float p, int seed) -> Tensor",
     "seeded_dropout": "seeded_dropout(Tensor x, float p, int seed) -> Tensor",
+    "quantize_blockwise": "quantize_blockwise(Tensor x, Tensor qmap, int block_size) -> (Tensor, Tensor)",
+    "dequantize_blockwise": "dequantize_blockwise(Tensor codes, Tensor absmax, Tensor qmap, int block_size, "
+                            "SymInt[] shape, ScalarType dtype) -> Tensor",
 }
 
 
@@ -66,6 +69,18 @@ def _quantize_fake(x, bits, group_size, stochastic, seed):
 
 @torch.library.register_fake("slimfit::dequantize")
 def _dequantize_fake(codes, scale, offset, bits, group_size, shape, dtype):
+    return codes.new_empty(tuple(shape), dtype=dtype)
+
+
+@torch.library.register_fake("slimfit::quantize_blockwise")
+def _quantize_blockwise_fake(x, qmap, block_size):
+    n = x.numel()
+    return (x.new_empty(packed_code_bytes(n, blockwise_bits(qmap)), dtype=torch.uint8),
+            x.new_empty(num_groups(n, block_size), dtype=torch.float32))
+
+
+@torch.library.register_fake("slimfit::dequantize_blockwise")
+def _dequantize_blockwise_fake(codes, absmax, qmap, block_size, shape, dtype):
     return codes.new_empty(tuple(shape), dtype=dtype)
 
 
@@ -155,6 +170,8 @@ torch.library.register_autograd("slimfit::topk_prune", _prune_backward, setup_co
 torch.library.register_autograd("slimfit::topk_restore", _restore_backward, setup_context=_restore_setup)
 torch.library.register_autograd("slimfit::quantize", _no_gradient("quantize"), setup_context=_nothing)
 torch.library.register_autograd("slimfit::dequantize", _no_gradient("dequantize"), setup_context=_nothing)
+for _op in ("quantize_blockwise", "dequantize_blockwise"):
+    torch.library.register_autograd(f"slimfit::{_op}", _no_gradient(_op), setup_context=_nothing)
 
 
 # ---------------------------------------------------------------- backends

@@ -11,6 +11,10 @@ import torch
 
 from . import _ops  # noqa: F401  (registers torch.ops.slimfit.*)
 from .validation import (
+    BLOCKWISE_BLOCK_SIZES,
+    QMAP_LEVELS,
+    _is_int,
+    blockwise_bits,
     check_dropout_p,
     check_flag,
     check_float_input,
@@ -50,6 +54,25 @@ class QuantizedTensor(NamedTuple):
     @classmethod
     def from_parts(cls, tensors, meta) -> "QuantizedTensor":
         return cls(*tensors, *meta)
+
+
+class BlockwiseTensor(NamedTuple):
+    """A tensor block-wise dynamically quantized (quantize_blockwise): codes of a map, one absmax per block."""
+    codes: torch.Tensor   # uint8, codes of the flattened tensor (4-bit: two per byte, little-endian)
+    absmax: torch.Tensor  # fp32, the largest magnitude of each block
+    qmap: torch.Tensor    # fp32, the map's 16 or 256 sorted levels (slimfit.kernels.qmaps; shared, not owned)
+    shape: tuple
+    dtype: torch.dtype
+    block_size: int
+
+    @property
+    def bits(self) -> int:
+        return blockwise_bits(self.qmap)
+
+    @property
+    def nbytes(self) -> int:
+        """Codes and block maxima; the map is shared by every tensor coded with it and not counted."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.absmax))
 
 
 class PrunedTensor(NamedTuple):
@@ -117,6 +140,43 @@ def quantize(
     if check_finite:
         _check_quantized_finite(scale, offset)
     return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size, dims)
+
+
+def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int = 256,
+                       check_finite: bool = False) -> BlockwiseTensor:
+    """Block-wise dynamic quantization of x (flattened): per block of ``block_size`` elements, each value
+    divided by the block's largest magnitude becomes the index of the nearest level of ``qmap`` (a sorted
+    fp32 map of 16 or 256 levels: 4- or 8-bit codes; slimfit.kernels.qmaps has the moment maps). The exact
+    formulas are in slimfit/kernels/reference.py.
+
+    check_finite=True raises on a NaN/Inf input, at the cost of one host read of the block maxima; off (the
+    default), a block holding one gets a non-finite absmax and dequantizes to non-finite values."""
+    check_float_input(x, "quantize_blockwise")
+    check_tensor(qmap, "qmap", "quantize_blockwise")
+    if qmap.dtype != torch.float32 or qmap.dim() != 1 or qmap.numel() not in QMAP_LEVELS:
+        raise ValueError(f"slimfit.quantize_blockwise: qmap must be a 1-D float32 tensor of 16 or 256 sorted "
+                         f"levels (slimfit.kernels.qmaps.signed(8), ...), got {qmap.dtype} of shape "
+                         f"{list(qmap.shape)}")
+    if not _is_int(block_size) or operator.index(block_size) not in BLOCKWISE_BLOCK_SIZES:
+        raise ValueError(f"slimfit.quantize_blockwise: block_size must be one of {BLOCKWISE_BLOCK_SIZES}, got "
+                         f"{block_size!r}")
+    block_size = operator.index(block_size)
+    codes, absmax = ops.quantize_blockwise(x, qmap, block_size)
+    if check_finite and absmax.numel() and not bool(torch.isfinite(absmax).all()):
+        _raise_non_finite("quantize_blockwise", "an input entry is not finite")
+    return BlockwiseTensor(codes, absmax, qmap, tuple(x.shape), x.dtype, block_size)
+
+
+def dequantize_blockwise(q: BlockwiseTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensor quantize_blockwise coded: qmap[code] * absmax of its block, in ``dtype`` (default: the
+    original dtype)."""
+    if not isinstance(q, BlockwiseTensor):
+        raise TypeError(f"slimfit.dequantize_blockwise: expected the BlockwiseTensor quantize_blockwise returned, "
+                        f"got {type(q).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"slimfit.dequantize_blockwise: dtype must be a torch.dtype (e.g. torch.float32), got "
+                        f"{dtype!r}")
+    return ops.dequantize_blockwise(q.codes, q.absmax, q.qmap, q.block_size, list(q.shape), dtype or q.dtype)
 
 
 def storage_permutation(x: torch.Tensor) -> tuple | None:

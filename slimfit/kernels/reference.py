@@ -32,6 +32,26 @@ exceeds fp32 although the result does not), y = clamp((code * (scale/4) + offset
 largest fp32 (a reconstruction can exceed an input near FLT_MAX by a few ulps). Finite scale
 and offset never give a non-finite value; every value that does not overflow is unchanged.
 
+quantize_blockwise (block-wise dynamic quantization, the codec of optimizer moments): the tensor is
+flattened (row-major) and cut into blocks of `block_size` consecutive elements; the last may be short.
+qmap is a strictly increasing fp32 map of 16 or 256 levels (4- or 8-bit codes; slimfit/kernels/qmaps.py).
+In fp32, every step rounded on its own:
+    absmax = max |x| over the block                          (NaN if the block holds one; +inf for an inf)
+    inv = 1 / absmax if absmax >= 2**-126 else 0             (one IEEE reciprocal per block; a zero or
+                                                              subnormal block, and a non-finite one, get 0)
+    y = x * inv
+    mid[i] = (qmap[i] + qmap[i + 1]) * 0.5                   (the midpoints, i = 0 .. levels - 2)
+    code = #{i : mid[i] < y}                                 (the nearest level; a y exactly on a midpoint
+                                                              takes the lower level; NaN y -> code 0)
+Codes are packed as quantize packs them (4-bit: element i in byte i // 2 at bit 4 * (i % 2)); absmax is
+fp32, one per block. A block holding NaN/Inf has a non-finite absmax (the Python wrapper turns that into
+an error with check_finite=True) and dequantizes to non-finite values; a block of zeros or of subnormals
+(absmax < 2**-126) gets every code of y = 0, restored as qmap[code] * absmax: 0, or a value below 2**-126.
+Bit-exact across backends for maps whose midpoints are normal fp32 numbers (qmaps.py's are), since a GPU
+may flush a subnormal y to 0.
+dequantize_blockwise: y = qmap[code] * absmax in fp32 (one multiply), cast to dtype. |qmap| <= 1 keeps
+it within the block's absmax: no overflow.
+
 topk_prune: per row of the last dimension, keep the k entries with the largest key
 (key = x, or |x| when by_magnitude). Ties at the threshold keep the lowest indices.
 Kept entries are listed in ascending index order; values keep the input dtype, indices
@@ -123,6 +143,43 @@ def dequantize(codes, scale, offset, bits: int, group_size: int, shape, dtype):
     quarter = (values * (s * 0.25) + o * 0.25) * 4.0
     out = torch.where(redo, quarter.clamp(-_FP32_MAX, _FP32_MAX), out)
     return out.to(dtype).view(tuple(shape))
+
+
+def _midpoints(qmap: torch.Tensor) -> torch.Tensor:
+    """mid[i] = (qmap[i] + qmap[i + 1]) * 0.5 in fp32: the boundaries between neighbouring levels."""
+    q = qmap.reshape(-1)
+    return (q[:-1] + q[1:]) * 0.5
+
+
+def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int):
+    flat = x.reshape(-1).to(torch.float32)
+    n = flat.numel()
+    nb = num_groups(n, block_size)
+    bits = 4 if qmap.numel() == 16 else 8
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=x.device), torch.empty(0, dtype=torch.float32, device=x.device)
+    pad = nb * block_size - n
+    padded = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat   # zeros change no block's absmax
+    blocks = padded.view(nb, block_size)
+    absmax = blocks.abs().amax(dim=1)
+    inv = torch.where(absmax >= _MIN_NORMAL, 1.0 / absmax, torch.zeros_like(absmax))
+    y = (blocks * inv[:, None]).reshape(-1)[:n]
+    codes = torch.searchsorted(_midpoints(qmap.to(torch.float32)), y)   # #{mid < y}: side="left"
+    codes = torch.where(torch.isnan(y), 0, codes)
+    return _pack_codes(codes, bits), absmax
+
+
+def dequantize_blockwise(codes, absmax, qmap, block_size: int, shape, dtype):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n == 0:
+        return torch.empty(tuple(shape), dtype=dtype, device=codes.device)
+    q = qmap.reshape(-1).to(torch.float32)
+    bits = 4 if q.numel() == 16 else 8
+    values = q[_unpack_codes(codes.reshape(-1), bits, n)]
+    block = torch.arange(n, device=codes.device) // block_size
+    return (values * absmax.reshape(-1)[block]).to(dtype).view(tuple(shape))
 
 
 def topk_prune(x: torch.Tensor, k: int, by_magnitude: bool):

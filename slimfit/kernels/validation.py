@@ -277,8 +277,92 @@ def op_seeded_dropout(x, p, seed) -> None:
     _op_p("seeded_dropout", p)
 
 
+# ---------------------------------------------------------------- block-wise dynamic quantization
+BLOCKWISE_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+QMAP_LEVELS = (16, 256)   # 4- or 8-bit codes
+
+
+def blockwise_bits(qmap: torch.Tensor) -> int:
+    """The code width of a map: 4 bits for 16 levels, 8 for 256."""
+    return 4 if qmap.numel() == 16 else 8
+
+
+def _op_block_size(op: str, block_size: int) -> None:
+    if block_size not in BLOCKWISE_BLOCK_SIZES:
+        raise ValueError(f"slimfit::{op}: block_size must be one of {BLOCKWISE_BLOCK_SIZES}, got {block_size}")
+
+
+def _op_qmap(op: str, qmap: torch.Tensor) -> None:
+    """A map is a 1-D fp32 tensor of 16 or 256 finite, strictly increasing levels (slimfit.kernels.qmaps).
+    Its order is read on the CPU (256 values); on an accelerator a device-side assertion checks it without
+    waiting for the host. A map object checked once is not checked again until it is modified in place
+    (its version counter moves): the codec passes the same cached maps at every call."""
+    if qmap.dtype != torch.float32 or qmap.dim() != 1 or qmap.numel() not in QMAP_LEVELS:
+        raise ValueError(f"slimfit::{op}: qmap must be a 1-D float32 tensor of 16 or 256 levels (4- or 8-bit "
+                         f"codes; slimfit.kernels.qmaps), got {qmap.dtype} of shape {list(qmap.shape)}")
+    if getattr(qmap, "fake_mode", None) is not None or qmap.device.type == "meta":
+        return   # no values to read (fake tensors: shapes only)
+    version = _version(qmap)
+    if version is not None and getattr(qmap, "_slimfit_checked", None) == version:
+        return
+    ok = torch.isfinite(qmap).all() & (qmap[1:] > qmap[:-1]).all()
+    what = f"slimfit::{op}: qmap must be finite and strictly increasing (a sorted map of levels)"
+    if qmap.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(what)
+    else:
+        torch._assert_async(ok, what)
+    if version is not None:
+        qmap._slimfit_checked = version
+
+
+def _version(t: torch.Tensor):
+    """t's version counter (moves at every in-place change), None where it has none (inference tensors)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def op_quantize_blockwise(x, qmap, block_size) -> None:
+    op = "quantize_blockwise"
+    _op_float(op, "x", x)
+    _op_same_device(op, x=x, qmap=qmap)
+    _op_block_size(op, block_size)
+    _op_qmap(op, qmap)
+
+
+def op_dequantize_blockwise(codes, absmax, qmap, block_size, shape, dtype) -> None:
+    op = "dequantize_blockwise"
+    _op_same_device(op, codes=codes, absmax=absmax, qmap=qmap)
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"slimfit::{op}: codes must be uint8, got {codes.dtype}")
+    if absmax.dtype != torch.float32:
+        raise TypeError(f"slimfit::{op}: absmax must be float32, got {absmax.dtype}")
+    if dtype not in _OP_FLOATS + (torch.float64,):
+        raise TypeError(f"slimfit::{op}: unsupported output dtype {dtype}; use float32, float16, bfloat16 or float64")
+    _op_block_size(op, block_size)
+    _op_qmap(op, qmap)
+    n = 1
+    for d in shape:
+        if int(d) < 0:
+            raise ValueError(f"slimfit::{op}: negative dimension in shape {list(shape)}")
+        n *= int(d)
+    bits = blockwise_bits(qmap)
+    fix = "pass the shape, qmap and block_size the tensor was quantized with"
+    need = packed_code_bytes(n, bits)
+    if codes.numel() != need:
+        raise ValueError(f"slimfit::{op}: {codes.numel()} code bytes do not match the {n} elements of shape "
+                         f"{list(shape)} at {bits} bits ({need} bytes); {fix}")
+    nb = num_groups(n, block_size)
+    if absmax.numel() != nb:
+        raise ValueError(f"slimfit::{op}: need {nb} block maxima for {n} elements (block_size {block_size}), got "
+                         f"{absmax.numel()}; {fix}")
+
+
 OP_CHECKS = {
     "quantize": op_quantize, "dequantize": op_dequantize, "topk_prune": op_topk_prune,
     "topk_restore": op_topk_restore, "pack_bits": op_pack_bits, "unpack_bits": op_unpack_bits,
     "dropout_mask": op_dropout_mask, "seeded_dropout": op_seeded_dropout,
+    "quantize_blockwise": op_quantize_blockwise, "dequantize_blockwise": op_dequantize_blockwise,
 }

@@ -31,6 +31,16 @@ def _table():
             ("quantize", (randn(shape, dtype, seed=1), 8, 128, False, 0)),
             ("dequantize", (*reference.quantize(randn(shape, seed=2), 4, 64, False, 0), 4, 64, list(shape), dtype)),
         ]
+    from slimfit.kernels import qmaps
+
+    for kind, bits, shape, dtype in (("signed", 8, (3, 77), torch.float32), ("signed", 4, (1,), torch.bfloat16),
+                                     ("unsigned", 4, (2, 3, 5), torch.float16), ("unsigned", 8, (300,), torch.float32)):
+        x = randn(shape, dtype, seed=3).abs() if kind == "unsigned" else randn(shape, dtype, seed=3)
+        q = qmaps.MAPS[kind](bits)
+        rows += [
+            ("quantize_blockwise", (x, q, 32)),
+            ("dequantize_blockwise", (*reference.quantize_blockwise(x, q, 64), q, 64, list(shape), dtype)),
+        ]
     return rows
 
 

@@ -8,9 +8,10 @@ tensors under `TRITON_INTERPRET=1` (how the tests exercise them without a GPU).
 from .bits import pack_bits, unpack_bits
 from .dropout import dropout_mask, seeded_dropout
 from .quantize import dequantize, quantize
+from .quantize_blockwise import dequantize_blockwise, quantize_blockwise
 from .topk import topk_prune, topk_restore
 
 __all__ = [
     "quantize", "dequantize", "topk_prune", "topk_restore",
-    "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout",
+    "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout", "quantize_blockwise", "dequantize_blockwise",
 ]
