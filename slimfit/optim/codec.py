@@ -1,6 +1,13 @@
-"""8-bit codec for one optimizer moment of a frozen layer, on slimfit's own kernels.
+"""Codec for one optimizer moment held compressed, on slimfit's own kernels: two codes.
 
-``encode`` quantizes with ``slimfit.kernels.quantize`` (8 bits, per-group min/max over `group_size`
+code="linear" (8 bits; the default, and every entry written before the dynamic code existed) is below.
+code="dynamic" (8 or 4 bits) is block-wise dynamic quantization, the codec of bitsandbytes' and torchao's
+8-bit Adam: a signed dynamic map for a first moment, sqrt(v) coded with an unsigned map without zero for a
+second one; its format, bounds and the measurement that chose sqrt(v) are in dynamic_code.py. An entry
+records its code (``"dynamic": True`` and ``"bits"``; an entry without the key is linear, so older
+checkpoints load) and every function here takes either.
+
+The linear code: ``encode`` quantizes with ``slimfit.kernels.quantize`` (8 bits, per-group min/max over `group_size`
 consecutive elements of the flattened tensor, fp32 scale and offset per group, stochastic rounding from a
 seed); ``decode`` restores with ``slimfit.kernels.dequantize``. Two transforms:
 
@@ -25,7 +32,7 @@ sqrt (``exp_avg_sq``, ``max_exp_avg_sq``, ...): a second moment v spans dozens o
 Bytes: numel (codes) + 8 * ceil(numel / group_size) (scale, offset) against 4 * numel in fp32: 3.76x
 smaller at group 128.
 
-The encoded entry is a plain dict of tensors, bools, ints, a tuple of ints and a dtype (no strings:
+Either entry is a plain dict of tensors, bools, ints, a tuple of ints and a dtype (no strings:
 ``Optimizer.load_state_dict`` rebuilds every iterable it meets), so it can sit in ``optimizer.state``.
 """
 from __future__ import annotations
@@ -36,20 +43,54 @@ import torch
 
 from slimfit.kernels import QuantizedTensor, dequantize, quantize
 
-__all__ = ["encode", "decode", "encoded_nbytes", "is_encoded", "rounding_loss", "zeros_entry", "decode_range",
-           "encode_range_"]
+from . import dynamic_code
+
+__all__ = ["encode", "decode", "encoded_nbytes", "entry_nbytes", "code_of", "is_encoded", "rounding_loss",
+           "zeros_entry", "decode_range", "encode_range_", "CODES", "check_code"]
 
 BITS = 8
+CODES = ("linear", "dynamic")
 _KEYS = ("codes", "scale", "offset")
 
 
-def encoded_nbytes(numel: int, group_size: int = 128) -> int:
-    """Bytes of one encoded moment of ``numel`` elements: 8-bit codes plus fp32 scale and offset per group."""
+def check_code(code: str, bits: int, group_size: int) -> None:
+    """ValueError unless (code, bits, group_size) is a format this codec writes."""
+    if code not in CODES:
+        raise ValueError(f"codec: code must be one of {CODES}, got {code!r}")
+    if code == "linear" and bits != BITS:
+        raise ValueError(f"codec: the linear code is 8-bit only, got bits={bits!r}; 4-bit moments need "
+                         "code='dynamic'")
+    if code == "dynamic":
+        dynamic_code.check(group_size, bits)
+
+
+def encoded_nbytes(numel: int, group_size: int = 128, code: str = "linear", bits: int = 8) -> int:
+    """Bytes of one encoded moment of ``numel`` elements: linear, 8-bit codes plus fp32 scale and offset per
+    group; dynamic, ``bits``-bit codes plus one fp32 absmax per block."""
+    if code == "dynamic":
+        return dynamic_code.nbytes(numel, group_size, bits)
     return numel + 8 * (-(-numel // group_size))
 
 
+def _dynamic(entry: dict) -> bool:
+    return bool(entry.get("dynamic", False))
+
+
+def code_of(entry: dict) -> dict:
+    """The entry's code as encode's keywords: {"code": "linear" | "dynamic", "bits": 8 | 4}."""
+    return {"code": "dynamic", "bits": int(entry["bits"])} if _dynamic(entry) else {"code": "linear", "bits": BITS}
+
+
+def entry_nbytes(entry: dict) -> int:
+    """Bytes the entry's tensors hold (codes, and scales and offsets or block maxima)."""
+    keys = ("codes", "absmax") if _dynamic(entry) else _KEYS
+    return sum(entry[k].numel() * entry[k].element_size() for k in keys)
+
+
 def is_encoded(value) -> bool:
-    return isinstance(value, dict) and all(k in value for k in _KEYS) and "sqrt" in value
+    if not isinstance(value, dict) or "codes" not in value or "sqrt" not in value:
+        return False
+    return "absmax" in value if _dynamic(value) else all(k in value for k in _KEYS)
 
 
 def rounding_loss(scale: torch.Tensor, stochastic: bool) -> torch.Tensor:
@@ -58,9 +99,14 @@ def rounding_loss(scale: torch.Tensor, stochastic: bool) -> torch.Tensor:
 
 
 @torch.no_grad()
-def encode(t: torch.Tensor, *, sqrt: bool, seed: int, group_size: int = 128, stochastic: bool = True) -> dict:
-    """The 8-bit entry of moment ``t`` (linear, or its square root when ``sqrt``); ``t`` itself is untouched
-    and can be dropped by the caller. Temporaries: one fp32 copy of ``t`` for the square root."""
+def encode(t: torch.Tensor, *, sqrt: bool, seed: int, group_size: int = 128, stochastic: bool = True,
+           code: str = "linear", bits: int = 8) -> dict:
+    """The entry of moment ``t`` (``sqrt``: a second moment); ``t`` itself is untouched and can be dropped by
+    the caller. Temporaries: one fp32 copy of ``t`` for the square root. ``code="dynamic"`` (``bits`` 8 or 4)
+    rounds to nearest: ``seed`` and ``stochastic`` apply to the linear code only."""
+    check_code(code, bits, group_size)
+    if code == "dynamic":
+        return dynamic_code.encode(t, bool(sqrt), int(group_size), int(bits))
     q = _quantized(t, sqrt, group_size, stochastic, seed)
     return {"codes": q.codes, "scale": q.scale, "offset": q.offset, "shape": tuple(int(s) for s in t.shape),
             "dtype": t.dtype, "group_size": int(group_size), "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
@@ -89,9 +135,11 @@ def decode(entry: dict, device: torch.device | None = None) -> torch.Tensor:
     """The moment restored from ``encode``'s entry, in its original dtype and shape (on ``device``, by
     default the codes' device). Codes or scales cast by a plain ``Optimizer.load_state_dict`` (uint8 to the
     parameter's float dtype) are read back losslessly as long as the scales stayed fp32."""
-    codes, scale, offset = (entry[k] for k in _KEYS)
+    codes = entry["codes"]
     device = codes.device if device is None else torch.device(device)
-    return _restored(entry, codes, scale, offset, tuple(entry["shape"]), device)
+    if _dynamic(entry):
+        return dynamic_code.restore(entry, codes, entry["absmax"], tuple(entry["shape"]), device)
+    return _restored(entry, codes, entry["scale"], entry["offset"], tuple(entry["shape"]), device)
 
 
 def _restored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.Tensor:
@@ -115,9 +163,13 @@ def _restored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.
 # for the whole tensor, piece by piece (each piece with its own rounding seed).
 
 def zeros_entry(shape, dtype: torch.dtype, device, *, sqrt: bool, group_size: int = 128,
-                stochastic: bool = True) -> dict:
+                stochastic: bool = True, code: str = "linear", bits: int = 8) -> dict:
     """The entry of an all-zero moment (what an optimizer's fresh state holds), made without the moment:
-    codes, scales and offsets all zero decode to exactly 0 (a second moment's floor is then 0 too)."""
+    codes, scales and offsets all zero decode to exactly 0 (a second moment's floor is then 0 too); a dynamic
+    entry is what encode gives zeros (dynamic_code.zeros), which decodes to exactly 0 too."""
+    check_code(code, bits, group_size)
+    if code == "dynamic":
+        return dynamic_code.zeros(shape, dtype, device, bool(sqrt), int(group_size), int(bits))
     numel = math.prod(int(s) for s in shape)
     groups = -(-numel // group_size)
     return {"codes": torch.zeros(numel, dtype=torch.uint8, device=device),
@@ -139,6 +191,9 @@ def decode_range(entry: dict, start: int, end: int) -> torch.Tensor:
     """Elements [start, end) of the flattened moment, restored as ``decode`` restores them (fp32 while the
     moment is fp32, the original dtype otherwise); start a multiple of the group size."""
     a, b = _group_range(entry, start, end)
+    if _dynamic(entry):
+        codes = entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)]
+        return dynamic_code.restore(entry, codes, entry["absmax"][a:b], (end - start,), codes.device)
     codes = entry["codes"].view(-1)[start:end]
     return _restored(entry, codes, entry["scale"][a:b], entry["offset"][a:b], (end - start,), codes.device)
 
@@ -149,6 +204,11 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
     of the group size, and the range the whole last group it touches (or the tensor's end)."""
     end = start + x.numel()
     a, b = _group_range(entry, start, end)
+    if _dynamic(entry):
+        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), int(entry["bits"]))
+        entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)].copy_(codes)
+        entry["absmax"][a:b].copy_(absmax)
+        return
     q = _quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), bool(entry["stochastic"]), seed)
     entry["codes"].view(-1)[start:end].copy_(q.codes.view(-1))
     entry["scale"][a:b].copy_(q.scale.view(-1))

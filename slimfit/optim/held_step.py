@@ -43,8 +43,7 @@ def new_held_state(p, group, holder) -> dict:
     state = {"step": torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device) if fused
              else torch.tensor(0.0, dtype=_get_scalar_dtype())}
     for key, sqrt in held_moments(group):
-        state[key + Q8] = codec.zeros_entry(p.shape, p.dtype, p.device, sqrt=sqrt, group_size=holder.group_size,
-                                            stochastic=holder.stochastic)
+        state[key + Q8] = codec.zeros_entry(p.shape, p.dtype, p.device, sqrt=sqrt, **holder.codec_options())
     return state
 
 

@@ -31,14 +31,14 @@ def _held_growth(optimizer, p) -> int:
     does; a trained layer has it in full); 0 when none is held (or the host copy is on the same device)."""
     import torch
 
-    from ..optim.codec import encoded_nbytes
+    from ..optim.codec import code_of, encoded_nbytes
     from ..optim.keys import held_key
 
     grow = 0
     for key, value in (optimizer.state.get(p) or {}).items():
         if held_key(key) and isinstance(value, dict):
             numel = math.prod(value["shape"])
-            grow += numel * value["dtype"].itemsize - encoded_nbytes(numel, int(value["group_size"]))
+            grow += numel * value["dtype"].itemsize - encoded_nbytes(numel, int(value["group_size"]), **code_of(value))
         elif held_key(key) and isinstance(value, torch.Tensor) and value.device != p.device:
             grow += value.numel() * value.element_size()   # offloaded: the device gets it all back
     return grow
