@@ -20,7 +20,7 @@ Backends
 Columns
   ms       median time of one call (bench/_timing.py)
   GB/s     (bytes the op must read + bytes it must write) / ms, counting packed codes,
-           scales, offsets, indices and bool masks (1 byte per element) exactly
+           scales, offsets, block maxima, code maps, indices and bool masks (1 byte per element) exactly
   % copy   GB/s relative to `dst.copy_(src)` of a uint8 buffer of (read + written) / 2
            bytes, i.e. the same traffic, measured right before each case
   vs ref   reference ms / this backend's ms
@@ -51,11 +51,13 @@ from slimfit.kernels.validation import num_groups, packed_code_bytes, topk_index
 OPS = (
     "quantize", "dequantize", "topk_prune", "topk_restore",
     "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout",
+    "quantize_blockwise", "dequantize_blockwise",
 )
 MASK_OPS = ("pack_bits", "unpack_bits", "dropout_mask")  # no float input: measured once, dtype "bool"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BITS = (2, 4, 8)
 GROUP_SIZE = 128
+BLOCKWISE = ((8, "signed"), (4, "signed"), (8, "unsigned"))  # the codec's maps: first moments, second moments
 TOPK_ROWS = (128, 197, 512, 768, 2048)  # P rows (seq 128 / ViT-B/16 197 / 512 / decoder 2048), LayerNorm rows (768)
 TOPK_KEEP = 0.10
 DROPOUT_P = 0.1
@@ -121,6 +123,8 @@ def build_cases(ops, numel: int, dtypes, device) -> list[Case]:
                         op, f"{bits}-bit g{GROUP_SIZE}", name, numel,
                         (codes, scale, offset, bits, GROUP_SIZE, [numel], dt),
                         codes.numel() + scale.numel() * 4 + offset.numel() * 4, numel * es))
+            elif op in ("quantize_blockwise", "dequantize_blockwise"):
+                cases += _blockwise_cases(op, name, x, numel, es)
             elif op in ("topk_prune", "topk_restore"):
                 for row in TOPK_ROWS:
                     rows = numel // row
@@ -151,6 +155,27 @@ def build_cases(ops, numel: int, dtypes, device) -> list[Case]:
                 # `like` only gives the shape: nothing is read, one bool per element is written.
                 cases.append(Case(op, f"p={DROPOUT_P}", "bool", numel, (mask, DROPOUT_P, SEED), 0, numel))
     return [_to_device(c, device) for c in cases]
+
+
+def _blockwise_cases(op: str, name: str, x, numel: int, es: int) -> list[Case]:
+    """Block-wise dynamic quantization with the optimizer codec's maps (slimfit/kernels/qmaps.py), block
+    GROUP_SIZE; a second moment's input is non-negative (|x|). Bytes: the input (or the codes and one fp32
+    absmax per block) and the map read, the codes and maxima (or the output) written."""
+    from slimfit.kernels import qmaps
+
+    out = []
+    for bits, kind in BLOCKWISE:
+        q = qmaps.MAPS[kind](bits).to(x.device)
+        xs = x if kind == "signed" else x.abs()
+        packed = packed_code_bytes(numel, bits) + 4 * num_groups(numel, GROUP_SIZE)
+        config = f"{bits}-bit {kind} b{GROUP_SIZE}"
+        if op == "quantize_blockwise":
+            out.append(Case(op, config, name, numel, (xs, q, GROUP_SIZE), numel * es + q.numel() * 4, packed))
+        else:
+            codes, absmax = reference.quantize_blockwise(xs, q, GROUP_SIZE)
+            out.append(Case(op, config, name, numel, (codes, absmax, q, GROUP_SIZE, [numel], x.dtype),
+                            packed + q.numel() * 4, numel * es))
+    return out
 
 
 def _to_device(case: Case, device) -> Case:

@@ -71,3 +71,7 @@ def test_byte_counts_are_exact(bench_kernels):
     assert (t.numel, t.bytes_read, t.bytes_written) == (896, 896 * 2, 7 * 13 * (2 + 2))
     p = by[("pack_bits", "1 bit/element")]
     assert (p.bytes_read, p.bytes_written) == (1000, 125)
+    b = by[("quantize_blockwise", "4-bit signed b128")]                   # 16-level map read: 64 bytes
+    assert (b.bytes_read, b.bytes_written) == (2000 + 64, 500 + 4 * 8)   # 8 blocks: one fp32 absmax each
+    b = by[("dequantize_blockwise", "8-bit unsigned b128")]
+    assert (b.bytes_read, b.bytes_written) == (1000 + 4 * 8 + 1024, 2000)
