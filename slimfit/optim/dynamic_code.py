@@ -20,9 +20,10 @@ the rounding seed is not used. Bounds, per element of a block with largest magni
 |x̂ - x| <= A * (half the gap between the two levels around x / A), plus a few fp32 ulps of A; below the
 smallest nonzero level, x̂ is that level times A or 0 (the signed map's zero).
 
-Why sqrt(v) and not v (measured: AdamW moments of MiniLM-L6 after 100 steps fine-tuning on Rotten
-Tomatoes, batch 16, lr 5e-5; 22.7M elements, 41% of them in embedding rows with no gradient yet; block
-128; error of AdamW's update u = m̂ / (sqrt(v̂) + eps) at step 100, bias-corrected, against the exact one):
+Why sqrt(v) and not v (measured by ``python -m bench.codec_error``, bench/results/codec_error_cpu.md: AdamW
+moments of MiniLM-L6 after 100 steps fine-tuning on Rotten Tomatoes, batch 16, lr 5e-5; 22.7M elements, 41%
+of them in embedding rows with no gradient yet; block 128; error of AdamW's update u = m̂ / (sqrt(v̂) + eps)
+at step 100, bias-corrected, against the exact one):
 
     code                      ||u(v̂)-u|| / ||u||   u(v̂)/u min .. max   share of |u(v̂)/u| > 1.5   < 0.5
     linear 8-bit (sqrt, floor) 0.036 stochastic      0.001 .. 1.96       (nearest: 0.029)
