@@ -8,7 +8,7 @@ what it must be and how to fix it, instead of failing later deep inside the sche
 Options measured neutral or harmful (docs/fidelity.md) are kept apart, in ``experimental``
 (``ExperimentalOptions``), off by default: they stay available to reproduce those runs, but they are not
 part of the main surface. The keyword shorthand reaches them by name (``frozen_update="momentum"``,
-``update_scale="share"``, ``warmup_steps=10``, ``score="absolute"``).
+``warmup_steps=10``, ``score="absolute"``).
 
 A config is saved beside a checkpoint like ``slimfit.SlimFitConfig``: ``to_dict`` / ``from_dict`` (with a
 ``version``), ``save_pretrained`` / ``from_pretrained`` (``slimfit_scheduler.json``).
@@ -45,7 +45,8 @@ EVEN_SHARE = "even"
 # The scores on the main surface; the others are experimental (ExperimentalOptions.score).
 MAIN_SCORES = ("relative", "robust")
 EXPERIMENTAL_SCORES = tuple(s for s in SCORES if s not in MAIN_SCORES)
-# update_scale: "none" leaves the optimizer's updates alone; "share" stretches them (ExperimentalOptions).
+# update_scale: "none" leaves the optimizer's updates alone; "share" stretches each trained layer's update by
+# its catch-up factor (steps so far / steps it trained, capped at layers / trained layers).
 UPDATE_SCALES = ("none", "share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
@@ -245,6 +246,7 @@ _CHECKS = {
     "always_train": _always_train,
     "layers": _layers,
     "min_train_share": _min_train_share,
+    "update_scale": lambda c, v: _choice(_C, "update_scale", v, UPDATE_SCALES),
     "min_trained_steps": lambda c, v: _int(_C, "min_trained_steps", v, 0, "steps a layer stays trained", 2),
     "min_frozen_steps": lambda c, v: _int(_C, "min_frozen_steps", v, 0, "steps a layer stays frozen", 2),
     "seed": _seed,
@@ -275,9 +277,6 @@ class ExperimentalOptions:
     frozen_update  "none" (default): a frozen layer stands still. "momentum": a frozen layer that has
                    optimizer state keeps taking the optimizer's step from its moments (a zero gradient is
                    handed to the optimizer), as SlimFit's published code did on the PyTorch of its time.
-    update_scale   "none" (default). "share": right after the optimizer's step each trained layer's update
-                   is stretched by steps so far / steps it trained (capped at layers / trained layers), so a
-                   layer that trains one step in three travels about as far as under full fine-tuning.
     warmup_steps   the freeze rate ramps linearly from 0 to freeze_rate over this many steps (0: none);
                    more layers train, and keep activations, during the ramp.
     score          None (default: SchedulerConfig.score decides) or "absolute": mean |W_new - W_old|, how
@@ -285,14 +284,12 @@ class ExperimentalOptions:
     """
 
     frozen_update: str = "none"
-    update_scale: str = "none"
     warmup_steps: int = 0
     score: Optional[str] = None
 
     def __post_init__(self):
         o = "ExperimentalOptions"
         _choice(o, "frozen_update", self.frozen_update, FROZEN_UPDATES)
-        _choice(o, "update_scale", self.update_scale, UPDATE_SCALES)
         object.__setattr__(self, "warmup_steps", _int(o, "warmup_steps", self.warmup_steps, 0,
                                                       "steps of the rate's ramp from 0", 10))
         if self.score is not None:
@@ -324,6 +321,11 @@ class SchedulerConfig:
                        default candidates; checked against the model. None: the candidates.
     min_train_share    every layer trains in at least this share of the steps so far, in [0, 1 - freeze_rate];
                        "even": every layer equally often (a round robin the scores order). 0: the scores alone.
+    update_scale       "share": each trained layer's update is stretched by its catch-up factor, steps so far /
+                       steps it trained (capped at layers / trained layers), so a layer that trains one step in
+                       three travels about as far as under full fine-tuning; inside the chunked step it is the
+                       learning rate times the factor (no snapshot), else the update stretched after the step.
+                       "none": the optimizer's updates as they are (docs/fidelity.md).
     min_trained_steps / min_frozen_steps   a layer, once unfrozen / frozen, stays so that many steps at least
                        (soft: the frozen count and the budget win), against thrashing.
     seed               seeds the initial random scores (the round-robin order); rank 0's wins under DDP.
@@ -365,6 +367,7 @@ class SchedulerConfig:
     always_train: Union[str, tuple, None] = None
     layers: Optional[tuple] = None
     min_train_share: Union[float, str] = 0.0
+    update_scale: str = "none"
     min_trained_steps: int = 0
     min_frozen_steps: int = 0
     seed: int = 0
@@ -503,6 +506,9 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.from_dict: unknown field(s) {unknown} (written by another slimfit "
                              f"version?); known fields: {sorted(_SHORTHAND)}")
         if isinstance(values.get("experimental"), Mapping):
+            for name in _PROMOTED:   # saved when the field was experimental
+                if name in values["experimental"]:
+                    values.setdefault(name, values["experimental"][name])
             values["experimental"] = _experimental_from_dict(values["experimental"])
         # Saved before the field existed: such a run held no frozen state, and a resumed one keeps to that.
         values.setdefault("frozen_state", None)
@@ -573,7 +579,12 @@ def _route(base: SchedulerConfig, options: dict) -> dict:
     return main
 
 
+# Fields that moved from ExperimentalOptions to the main surface: a saved nested dict may hold them there.
+_PROMOTED = ("update_scale",)
+
+
 def _experimental_from_dict(values: Mapping) -> ExperimentalOptions:
+    values = {k: v for k, v in values.items() if k not in _PROMOTED}
     unknown = sorted(set(values) - _EXPERIMENTAL)
     if unknown:
         raise ValueError(f"SchedulerConfig.from_dict: unknown experimental field(s) {unknown}; known: "

@@ -776,9 +776,9 @@ class ILSScheduler:
 
     @torch.no_grad()
     def _update_factors(self, idx: list[int]) -> Optional[list[float]]:
-        """update_scale="share" (experimental): stretch the update each trained layer just took (weights
+        """update_scale="share": stretch the update each trained layer just took (weights
         minus snapshot) by its catch-up factor, in place; returns the factors (None: nothing scaled)."""
-        if self.config.experimental.update_scale != "share" or not idx:
+        if self.config.update_scale != "share" or not idx:
             return None
         factors = [self._coming_factor(i) for i in idx]
         for i, f in zip(idx, factors):
@@ -791,7 +791,7 @@ class ILSScheduler:
     def _coming_factor(self, i: int) -> float:
         """update_scale="share": the factor by which layer ``i``'s update of the step under way (trained now)
         is stretched, steps so far / steps it trained, capped at layers / trained layers; 1.0 otherwise."""
-        if self.config.experimental.update_scale != "share" or not bool(self._trained[i]):
+        if self.config.update_scale != "share" or not bool(self._trained[i]):
             return 1.0
         L = self.num_layers
         cap = L / max(1, L - num_frozen(self.current_rate(), L, self.config.rounding))

@@ -58,7 +58,7 @@ BAD_OPTIONS = [
 
 @pytest.mark.parametrize("options,name,fix", BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
 def test_a_bad_option_is_named_with_its_fix(options, name, fix):
-    owner = r"ExperimentalOptions" if name in ("frozen_update", "update_scale", "warmup_steps") else "SchedulerConfig"
+    owner = r"ExperimentalOptions" if name in ("frozen_update", "warmup_steps") else "SchedulerConfig"
     pattern = rf"{owner}\.{name} must be .*{fix}"
     with pytest.raises(ValueError, match=pattern):
         ILSScheduler(MLP(), **options)
@@ -138,15 +138,13 @@ def test_the_config_is_frozen_and_set_freeze_rate_replaces_it():
 
 
 def test_experimental_options_live_apart_and_the_shorthand_reaches_them():
-    sched = ILSScheduler(MLP(), 0.6, frozen_update="momentum", update_scale="share", warmup_steps=3,
-                         score="absolute")
+    sched = ILSScheduler(MLP(), 0.6, frozen_update="momentum", warmup_steps=3, score="absolute")
     cfg = sched.config
-    assert cfg.experimental == ExperimentalOptions(frozen_update="momentum", update_scale="share", warmup_steps=3,
-                                                   score="absolute")
+    assert cfg.experimental == ExperimentalOptions(frozen_update="momentum", warmup_steps=3, score="absolute")
     assert cfg.score == "relative" and cfg.effective_score == "absolute"
     assert cfg.replace(score="robust").effective_score == "robust"   # a main score replaces it
     main = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    assert not {"frozen_update", "update_scale", "warmup_steps"} & main
+    assert not {"frozen_update", "warmup_steps"} & main and "update_scale" in main
     with pytest.raises(ValueError, match="score='absolute' is experimental.*ExperimentalOptions"):
         SchedulerConfig(score="absolute")
     with pytest.raises(ValueError, match="not experimental"):
@@ -217,7 +215,13 @@ def test_state_dict_saves_the_options_flat():
     assert saved["update_scale"] == "share" and saved["score"] == "absolute"
     assert saved["scheduled_kinds"] == ["matmul"]           # as resolved against the model
     assert "activation_bytes" not in saved and "version" not in saved
-    assert SchedulerConfig.from_dict(saved).experimental.update_scale == "share"
+    assert SchedulerConfig.from_dict(saved).update_scale == "share"
+
+
+def test_a_config_saved_while_update_scale_was_experimental_loads():
+    saved = SchedulerConfig(update_scale="share").to_dict()
+    saved["experimental"]["update_scale"] = saved.pop("update_scale")   # the nested form of that time
+    assert SchedulerConfig.from_dict(saved).update_scale == "share"
 
 
 def test_exported_at_the_top():
