@@ -250,6 +250,7 @@ def _triton_variants(quick: bool):
                     sig=q.dequantize_signature(ptr[dt]), const=cfg.dequant_constexprs(bits, gs),
                     num_warps=cfg.num_warps, elems=cfg.elements, loops=[], target=("dequantize", bits, False),
                 )
+    yield from _blockwise_variants(quick, big, ptr, in_dtypes)
     # top-k prune: the chunking the launcher picks for each row length; 197 (ViT-B/16 tokens),
     # 768 (LayerNorm rows), 2048, 3000, 8192 (the longest row in one chunk), 16384 and 65536.
     row_lengths = (197, 768) if quick else (197, 768, 2048, 3000, 8192, 16384, 65536)
@@ -295,6 +296,24 @@ def _triton_variants(quick: bool):
                  "k0": "i32", "k1": "i32", "BLOCK": "constexpr"}, const={"BLOCK": dr.BLOCK},
             num_warps=dr.NUM_WARPS, elems=dr.BLOCK, loops=[], target=None,
         )
+
+
+def _blockwise_variants(quick: bool, big: int, ptr: dict, in_dtypes):
+    """Block-wise dynamic quantization (the optimizer codec's): 8- and 4-bit maps, the codec's block 128 and
+    bitsandbytes' 256 (and 2048 in the full table); its binary search is BITS gathers from the midpoint table."""
+    bq = importlib.import_module("slimfit.kernels.triton.quantize_blockwise")
+    blocks = (128,) if quick else (128, 256, 2048)
+    for kernel, fn in (("quantize_blockwise", bq._quantize_blockwise_kernel),
+                       ("dequantize_blockwise", bq._dequantize_blockwise_kernel)):
+        for dt in in_dtypes:
+            for bs in blocks:
+                for bits in (4, 8):
+                    per_program = bq.blocks_per_program(bs, big // bs)
+                    quantize = kernel == "quantize_blockwise"
+                    sig = bq.kernel_signature(ptr[dt]) if quantize else bq.dequantize_signature(ptr[dt])
+                    yield dict(kernel=kernel, fn=fn, variant=f"{'' if quantize else '-> '}{dt} b{bs} {bits}-bit",
+                               sig=sig, const={"BITS": bits, "BLOCK_SIZE": bs, "BLOCKS": per_program},
+                               num_warps=bq.NUM_WARPS, elems=bs * per_program, loops=[], target=None)
 
 
 def _attrs(fn, sig: dict) -> dict:

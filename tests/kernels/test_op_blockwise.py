@@ -231,6 +231,19 @@ def test_invalid_arguments(backend):
         backend.dequantize_blockwise(codes, absmax, qmap("signed", 4, backend.device), 64, [100], torch.float32)
 
 
+def test_a_map_changed_in_place_is_checked_and_used_again(backend):
+    """A map object is checked once and its midpoints kept (the launchers' caches) only until it is modified
+    in place: then it is checked again and its new levels are used."""
+    q = qmaps.signed(8).to(backend.device)
+    x = randn((300,), device=backend.device)
+    check(backend, "quantize_blockwise", x, q, 64, bitwise=True)
+    q.mul_(0.5)                                   # still sorted: other midpoints
+    check(backend, "quantize_blockwise", x, q, 64, bitwise=True)
+    q[3] = 5.0                                    # no longer sorted
+    with pytest.raises(backend.errors, match="strictly increasing"):
+        backend.quantize_blockwise(x, q, 64)
+
+
 # ------------------------------------------------------------------ the Python API
 def test_api_round_trip_and_bytes():
     x = moment_like((3, 300), "signed", torch.bfloat16)

@@ -256,3 +256,27 @@ def test_fake_tensors_encode_and_decode():
         out = codec.decode_range(entry, 128, 1000)
     assert entry["codes"].shape == (500,) and entry["absmax"].shape == (8,) and out.shape == (872,)
     assert z["codes"].shape == (1000,)
+
+
+def test_checkpoints_carry_dynamic_entries():
+    """The portable checkpoint: a plain AdamW loads the decoded moments (decode's values, piece by piece);
+    a FrozenState's optimizer gets the dynamic entries back exactly."""
+    from slimfit.optim import held_state_dict, restore_state
+
+    model, opt, _, _ = _held_setup(4)
+    for s in range(2):
+        _step(model, opt, data(seed=s))
+    sd = opt.state_dict()
+    plain = torch.optim.AdamW(build(0).parameters(), lr=1e-2, weight_decay=0.1)
+    plain.load_state_dict(sd)
+    for p, q in zip(model.parameters(), plain.param_groups[0]["params"]):
+        assert torch.equal(plain.state[q]["exp_avg_sq"], codec.decode(opt.state[p]["exp_avg_sq" + Q8]))
+    model2, opt2, _, _ = _held_setup(4)
+    opt2.load_state_dict(sd)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        a, b = opt.state[p]["exp_avg" + Q8], opt2.state[q]["exp_avg" + Q8]
+        assert b["codes"].dtype == torch.uint8 and b["bits"] == 4
+        assert torch.equal(a["codes"], b["codes"]) and torch.equal(a["absmax"], b["absmax"])
+    plain2 = torch.optim.AdamW(build(0).parameters())    # the slimfit-only format, decoded by hand
+    plain2.load_state_dict(held_state_dict(opt))
+    assert restore_state(plain2) == len(list(model.parameters()))
