@@ -42,7 +42,9 @@ memory, and the median step time. A method is a short spec (see METHODS below):
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+q8 / +offload scheduler option frozen_state="compress" / "offload" (frozen layers' AdamW state held);
                     +q8all: frozen_state="compress_all" (every layer's AdamW state 8-bit, trained ones too)
-                    without either, frozen_state=None (the scheduler's default, said explicitly)
+                    without either, frozen_state=None (said explicitly)
+  ...+dyn8 / +dyn4  scheduler option state_code="dynamic8" / "dynamic4" (held moments in block-wise dynamic
+                    codes); without: "linear8" (per-group min/max), said explicitly
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
@@ -134,6 +136,11 @@ SCHEDULED_KINDS_DEFAULT = ("matmul",)
 KIND_SUFFIXES = {"norms": ("norm",), "embs": ("embedding",), "all": ("norm", "embedding")}
 
 
+# What a spec's scheduler holds unless it says otherwise: the optimizer state as AdamW made it (+q8 / +q8all /
+# +offload), updates not stretched (+scale), held moments coded linearly (+dyn8 / +dyn4).
+SPEC_DEFAULTS = {"frozen_state": None, "update_scale": "none", "state_code": "linear8"}
+
+
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
@@ -162,6 +169,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["min_train_share"] = "even"
         elif suffix == "scale":
             options["update_scale"] = "share"
+        elif suffix in ("dyn8", "dyn4"):
+            options["state_code"] = "dynamic" + suffix[3:]
         elif suffix.startswith("min") and suffix[3:].isdigit():
             options["min_train_share"] = int(suffix[3:]) / 100
         else:
@@ -178,9 +187,9 @@ def method_prepare(spec: str, steps: int = 0):
     if options and name not in SCHEDULED:
         raise SystemExit(f"{spec!r}: +options apply to the scheduled methods ({', '.join(SCHEDULED)})")
     always_train = ("classifier",) if options.pop("head", False) else ()
-    sched_kwargs = {k: v for k, v in options.items() if k != "warmup_share"}
-    # A spec names what it holds: the frozen layers' optimizer state as AdamW made it unless +q8 / +offload.
-    sched_kwargs.setdefault("frozen_state", None)
+    # A spec names what it holds: the scheduler's options a spec does not name are SPEC_DEFAULTS, whatever the
+    # scheduler's defaults of the day (a row keeps its meaning when they change).
+    sched_kwargs = {**SPEC_DEFAULTS, **{k: v for k, v in options.items() if k != "warmup_share"}}
     if "warmup_share" in options:
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
     if name == "full":

@@ -72,13 +72,13 @@ FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Ans
 def _method(spec: str) -> tuple[str | None, float, dict]:
     """'full' -> (None, 0, {}); 'paper@0.7+q8' -> ('paper', 0.7, {'frozen_state': 'compress'}): the accuracy
     benchmark's spec names (bench/accuracy.parse_spec), the preset None for full fine-tuning."""
-    from bench.accuracy import parse_spec
+    from bench.accuracy import SPEC_DEFAULTS, parse_spec
 
     name, rate, options = parse_spec(spec)
     if name == "full":
         return None, 0.0, {}
-    # frozen_state=None unless +q8 / +offload, as in bench/accuracy.py
-    return name, 0.7 if rate is None else rate, {"frozen_state": None, **options}
+    # what the spec does not name is bench/accuracy.py's SPEC_DEFAULTS (frozen_state=None unless +q8 / +q8all ...)
+    return name, 0.7 if rate is None else rate, {**SPEC_DEFAULTS, **options}
 
 
 @torch.no_grad()

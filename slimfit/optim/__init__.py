@@ -18,6 +18,7 @@ The scheduler (slimfit.scheduler, pure Python) knows nothing of this package: Fr
 callback with ``ILSScheduler.register_frozen_set_hook``, and this package registers the factory that
 ``SchedulerConfig(frozen_state="compress" | "offload")`` calls (slimfit/scheduler/extensions.py).
 """
+from slimfit.scheduler.config import STATE_CODES
 from slimfit.scheduler.extensions import register_chunked_step, register_frozen_state
 
 from .checkpoint import held_state_dict, restore_state, set_checkpoint_format
@@ -30,11 +31,12 @@ from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
 # SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached
 def _scheduler_frozen_state(scheduler, optimizer, mode: str) -> FrozenState:
     """SchedulerConfig.frozen_state's holder: "compress_all" is compress with every layer's state held
-    between steps. The rounding seeds follow the run's seed (rank 0's under torch.distributed, so that every
-    replica rounds alike)."""
+    between steps, coded as SchedulerConfig.state_code says. The rounding seeds follow the run's seed (rank
+    0's under torch.distributed, so that every replica rounds alike)."""
     between = mode == "compress_all"
+    code, bits = STATE_CODES[scheduler.config.state_code]
     return attach_frozen_state(scheduler, optimizer, mode="compress" if between else mode,
-                               seed=scheduler.run_seed % 2**62, between_steps=between)
+                               seed=scheduler.run_seed % 2**62, between_steps=between, code=code, bits=bits)
 
 
 register_frozen_state(_scheduler_frozen_state)

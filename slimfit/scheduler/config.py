@@ -60,6 +60,9 @@ DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
 # "compress_all": every layer's moments 8-bit, trained ones too (decoded a piece at a time in the chunked step).
 FROZEN_STATES = ("compress", "offload", "compress_all")
 FROZEN_STATE_AUTO = "auto"
+# state_code: how a held moment is coded: "linear8" (per-group min/max, stochastic rounding), "dynamic8" /
+# "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a zero-free map for a second).
+STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4)}
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
 
@@ -259,6 +262,7 @@ _CHECKS = {
                                              optional=True),
     "frozen_state": lambda c, v: None if v is None else _choice(_C, "frozen_state", v,
                                                                 (FROZEN_STATE_AUTO,) + FROZEN_STATES),
+    "state_code": lambda c, v: _choice(_C, "state_code", v, tuple(STATE_CODES)),
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
@@ -346,6 +350,9 @@ class SchedulerConfig:
                        "auto" (the default): "compress_all" where the optimizer's step can hold every state (a
                        torch Adam/AdamW under the chunked step, or step_in_backward), else "compress"; None under
                        experimental frozen_update="momentum"; chosen by the accuracy protocols (docs/fidelity.md).
+    state_code         how frozen_state="compress" / "compress_all" code a moment: "linear8" (8-bit per-group
+                       min/max, stochastic rounding), "dynamic8" or "dynamic4" (block-wise dynamic codes, as
+                       8-bit AdamW optimizers keep theirs; slimfit/optim/dynamic_code.py, docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -377,6 +384,7 @@ class SchedulerConfig:
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
     frozen_state: Optional[str] = FROZEN_STATE_AUTO
+    state_code: str = "linear8"
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
