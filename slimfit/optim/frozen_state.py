@@ -188,11 +188,13 @@ class FrozenState:
             transfer.synchronize()
 
     def remove(self) -> None:
-        """Restore every state and detach from the optimizer and the scheduler."""
+        """Restore every state and detach from the optimizer and the scheduler (an optimizer already gone holds
+        nothing to restore)."""
         if self._scheduler_handle is not None:
             self._scheduler_handle.remove()
             self._scheduler_handle = None
-        self.restore_all()
+        if self._optimizer_ref() is not None:
+            self.restore_all()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -203,7 +205,9 @@ class FrozenState:
     # ------------------------------------------------------------------ internals
     def _on_frozen_set(self, frozen, trained) -> None:
         """The scheduler's hook: hold what froze (first, so its bytes go before others come back), put back
-        what trains next."""
+        what trains next (nothing once the optimizer is gone: no state is left to hold)."""
+        if self._optimizer_ref() is None:
+            return
         self._last_frozen, self._last_trained = list(frozen), list(trained)
         self.freeze(frozen)
         if self.between_steps:   # every state held between steps, the trained layers' too (a state made or

@@ -37,3 +37,16 @@ def test_a_bad_state_code_is_named_with_the_choices():
     with pytest.raises(ValueError, match=r"SchedulerConfig.state_code must be one of .*did you mean 'dynamic8'"):
         SchedulerConfig(state_code="dynamic_8")
     assert SchedulerConfig.from_dict(SchedulerConfig(state_code="dynamic4").to_dict()).state_code == "dynamic4"
+
+
+def test_a_scheduler_whose_optimizer_was_dropped_steps_and_closes():
+    """ILSScheduler(model, optimizer=torch.optim.AdamW(...)) with no other reference: the optimizer is collected,
+    and the scheduler's frozen sets and close() carry on without it (no state is left to hold)."""
+    import gc
+
+    model = build(0)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+    gc.collect()
+    sched.apply()
+    sched.close()
+    assert all(p.requires_grad for p in model.parameters())
