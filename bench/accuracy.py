@@ -39,6 +39,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     +norms / +embs: the norm weights / the embeddings are scheduled too.
   ...+scale         scheduler option update_scale="share" (each update of a layer stretched by the inverse of
                     the share of steps it trained so far, capped at 1 / (1 - rate))
+  ...+sqrtscale     scheduler option update_scale="sqrt_share" (the stretch's square root: the noise of full
+                    fine-tuning's steps, sqrt(1 / share) times the progress of unstretched ones)
   ...+mom           scheduler option frozen_update="momentum" (frozen layers keep AdamW's step from their moments)
   ...+q8 / +offload scheduler option frozen_state="compress" / "offload" (frozen layers' AdamW state held);
                     +q8all: frozen_state="compress_all" (every layer's AdamW state 8-bit, trained ones too)
@@ -167,8 +169,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["warmup_share"] = int(suffix[4:]) / 100
         elif suffix == "even":
             options["min_train_share"] = "even"
-        elif suffix == "scale":
-            options["update_scale"] = "share"
+        elif suffix in ("scale", "sqrtscale"):
+            options["update_scale"] = "share" if suffix == "scale" else "sqrt_share"
         elif suffix in ("dyn8", "dyn4"):
             options["state_code"] = "dynamic" + suffix[3:]
         elif suffix.startswith("min") and suffix[3:].isdigit():

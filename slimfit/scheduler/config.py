@@ -46,8 +46,9 @@ EVEN_SHARE = "even"
 MAIN_SCORES = ("relative", "robust")
 EXPERIMENTAL_SCORES = tuple(s for s in SCORES if s not in MAIN_SCORES)
 # update_scale: "none" leaves the optimizer's updates alone; "share" stretches each trained layer's update by
-# its catch-up factor (steps so far / steps it trained, capped at layers / trained layers).
-UPDATE_SCALES = ("none", "share")
+# its catch-up factor (steps so far / steps it trained, capped at layers / trained layers); "sqrt_share" by the
+# square root of it.
+UPDATE_SCALES = ("none", "share", "sqrt_share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
 RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel", "step_chunk_numel")
@@ -327,9 +328,10 @@ class SchedulerConfig:
                        "even": every layer equally often (a round robin the scores order). 0: the scores alone.
     update_scale       "share": each trained layer's update is stretched by its catch-up factor, steps so far /
                        steps it trained (capped at layers / trained layers), so a layer that trains one step in
-                       three travels about as far as under full fine-tuning; inside the chunked step it is the
-                       learning rate times the factor (no snapshot), else the update stretched after the step.
-                       "none": the optimizer's updates as they are (docs/fidelity.md).
+                       three travels about as far as under full fine-tuning; "sqrt_share": by its square root
+                       (the step noise of full fine-tuning); inside the chunked step it is the learning rate
+                       times the factor (no snapshot), else the update stretched after the step. "none" (the
+                       default): the optimizer's updates as they are (docs/fidelity.md).
     min_trained_steps / min_frozen_steps   a layer, once unfrozen / frozen, stays so that many steps at least
                        (soft: the frozen count and the budget win), against thrashing.
     seed               seeds the initial random scores (the round-robin order); rank 0's wins under DDP.
@@ -350,9 +352,10 @@ class SchedulerConfig:
                        "auto" (the default): "compress_all" where the optimizer's step can hold every state (a
                        torch Adam/AdamW under the chunked step, or step_in_backward), else "compress"; None under
                        experimental frozen_update="momentum"; chosen by the accuracy protocols (docs/fidelity.md).
-    state_code         how frozen_state="compress" / "compress_all" code a moment: "linear8" (8-bit per-group
-                       min/max, stochastic rounding), "dynamic8" or "dynamic4" (block-wise dynamic codes, as
-                       8-bit AdamW optimizers keep theirs; slimfit/optim/dynamic_code.py, docs/fidelity.md).
+    state_code         how frozen_state="compress" / "compress_all" code a moment: "linear8" (the default: 8-bit
+                       per-group min/max, stochastic rounding), "dynamic8" or "dynamic4" (block-wise dynamic
+                       codes, as 8-bit AdamW optimizers keep theirs: a signed map for the first moment, sqrt(v)
+                       on a map without zero for the second; slimfit/optim/dynamic_code.py, docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -518,8 +521,10 @@ class SchedulerConfig:
                 if name in values["experimental"]:
                     values.setdefault(name, values["experimental"][name])
             values["experimental"] = _experimental_from_dict(values["experimental"])
-        # Saved before the field existed: such a run held no frozen state, and a resumed one keeps to that.
+        # Saved before the field existed: such a run held no frozen state (coded linearly when it held some),
+        # and a resumed one keeps to that.
         values.setdefault("frozen_state", None)
+        values.setdefault("state_code", "linear8")
         values.update(changes)
         lost = sorted(k for k, v in values.items() if isinstance(v, str) and v == NOT_SAVED)
         if lost:

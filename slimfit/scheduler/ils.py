@@ -31,6 +31,7 @@ The only contract with the rest of slimfit is ``param.requires_grad``.
 from __future__ import annotations
 
 import gc
+import math
 import warnings
 import weakref
 from collections import OrderedDict
@@ -729,6 +730,7 @@ class ILSScheduler:
         also refreshed their snapshots (CPU and sharded layers: while the blocks are in cache)."""
         if not idx:
             return False
+        factor_of = dict(zip(idx, factors)) if factors is not None else None   # idx is narrowed below
         summed = [i for i in idx if i in self._sums]
         if summed:   # scored inside the optimizer step (in_step.py), of the update as stretched there
             it = torch.tensor(summed, dtype=torch.long)
@@ -761,8 +763,8 @@ class ILSScheduler:
         for i, f in zip(idx, flags):
             self._zero_flags[i] = f
         it = torch.tensor(idx, dtype=torch.long)
-        if factors is not None:   # every score is linear in the update: score the unscaled one
-            vals = vals.to(torch.float64) / torch.tensor(factors, dtype=torch.float64)
+        if factor_of is not None:   # every score is linear in the update: score the unscaled one
+            vals = vals.to(torch.float64) / torch.tensor([factor_of[i] for i in idx], dtype=torch.float64)
         self._scores[it] = vals
         self._seen[it] = True
         return in_pass
@@ -778,7 +780,7 @@ class ILSScheduler:
     def _update_factors(self, idx: list[int]) -> Optional[list[float]]:
         """update_scale="share": stretch the update each trained layer just took (weights
         minus snapshot) by its catch-up factor, in place; returns the factors (None: nothing scaled)."""
-        if self.config.update_scale != "share" or not idx:
+        if self.config.update_scale == "none" or not idx:
             return None
         factors = [self._coming_factor(i) for i in idx]
         for i, f in zip(idx, factors):
@@ -789,13 +791,15 @@ class ILSScheduler:
         return factors
 
     def _coming_factor(self, i: int) -> float:
-        """update_scale="share": the factor by which layer ``i``'s update of the step under way (trained now)
-        is stretched, steps so far / steps it trained, capped at layers / trained layers; 1.0 otherwise."""
-        if self.config.update_scale != "share" or not bool(self._trained[i]):
+        """The factor by which layer ``i``'s update of the step under way (trained now) is stretched: with
+        update_scale="share" steps so far / steps it trained, capped at layers / trained layers; "sqrt_share"
+        its square root; 1.0 otherwise."""
+        if self.config.update_scale == "none" or not bool(self._trained[i]):
             return 1.0
         L = self.num_layers
         cap = L / max(1, L - num_frozen(self.current_rate(), L, self.config.rounding))
-        return min(cap, (self._step + 1) / (int(self._train_count[i]) + 1))   # counting the step under way
+        factor = min(cap, (self._step + 1) / (int(self._train_count[i]) + 1))   # counting the step under way
+        return math.sqrt(factor) if self.config.update_scale == "sqrt_share" else factor
 
     def _frozen_params(self) -> list[nn.Parameter]:
         return [p for p, t in zip(self.params, self._trained.tolist()) if not t]

@@ -68,7 +68,9 @@ def test_a_step_from_held_moments_is_torch_s_step_from_their_decoded_values():
 def _scheduled_run(frozen_state, seed=0):
     model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=seed, frozen_state=frozen_state)
+    # update_scale="none": the held moments' effect alone (this toy's lr 1e-2 stretched 2x by "share" is too large)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=seed, frozen_state=frozen_state,
+                         update_scale="none")
     losses = []
     for s in range(20):
         loss = loss_of(model, data(seed=s % 2))
@@ -81,12 +83,13 @@ def _scheduled_run(frozen_state, seed=0):
 
 
 # The seeds' spread on this toy (final loss of compress_all over the plain run's, per model seed 0-5, at 1 and
-# 2 threads, Intel Xeon): 0.59-1.50, std 0.27; the means' ratio 0.97 (1 thread) and 0.82 (2). One run's outcome
-# is chaotic (LayerNorm's backward sums in another order at 2 threads, and stochastic rounding turns that last
-# bit into another run), so only the mean over the seeds is compared, with three standard errors of margin:
-# 1 + 3 * 0.27 / sqrt(6) = 1.33.
+# 2 threads, Intel Xeon): linear8 0.59-1.50 (std 0.27), dynamic8 (the default code) 0.45-1.79 (std 0.36); the
+# means' ratio 0.97 / 0.82 (linear8, 1 / 2 threads) and 0.94 / 1.04 (dynamic8). One run's outcome is chaotic
+# (LayerNorm's backward sums in another order at 2 threads, and a rounding decision turns that last bit into
+# another run), so only the mean over the seeds is compared, with three standard errors of margin:
+# 1 + 3 * 0.36 / sqrt(6) = 1.44.
 _SEEDS = range(6)
-_MEAN_RATIO_MARGIN = 1.33
+_MEAN_RATIO_MARGIN = 1.44
 
 
 def test_it_trains_and_the_scheduler_holds_every_layer_with_compress_all():
@@ -174,7 +177,8 @@ def test_no_moment_is_ever_in_full():
 def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state="compress_all")
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state="compress_all",
+                         update_scale="none")   # (this toy's lr stretched 2x is too large: see _scheduled_run)
     first = float(loss_of(model, data()))
     for s in range(10):
         batch = data(seed=s % 2)

@@ -15,13 +15,14 @@ def _grads_after_backward(model, x, y):
     return {id(p): p.grad.detach().clone() for p in model.parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("scale", ["share", "sqrt_share"])
 @pytest.mark.parametrize("share", ["even", 0.0])
-def test_each_update_is_stretched_by_steps_over_train_count(share):
+def test_each_update_is_stretched_by_steps_over_train_count(share, scale):
     torch.manual_seed(0)
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)      # update = -lr * grad: easy to replay
-    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=share, update_scale="share",
+    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=share, update_scale=scale,
                          scheduled_kinds="all")
     cap = 5 / 2                                           # 5 layers (norms included), 2 train each step
     seen_factors = set()
@@ -34,11 +35,12 @@ def test_each_update_is_stretched_by_steps_over_train_count(share):
         opt.zero_grad(set_to_none=True)
         sched.step()
         for n, p in trained:
-            factor = min(cap, (step + 1) / (counts[n] + 1))
+            factor = min(cap, (step + 1) / (counts[n] + 1)) ** (0.5 if scale == "sqrt_share" else 1.0)
             seen_factors.add(round(factor, 3))
             expected = before[n] - factor * LR * grads[id(p)]
             torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=1e-7)
-    assert len(seen_factors) > 2 and max(seen_factors) == cap   # the rule was exercised, cap included
+    top = round(cap ** (0.5 if scale == "sqrt_share" else 1.0), 3)
+    assert len(seen_factors) > 2 and max(seen_factors) == top   # the rule was exercised, cap included
 
 
 def test_scores_are_those_of_the_unscaled_update():
