@@ -18,6 +18,9 @@ autograd saved for one training step on a fixed batch (slimfit.memory, CPU) or t
 memory, and the median step time. A method is a short spec (see METHODS below):
 
   full              plain PyTorch, every parameter trains
+  full+bnb8         full, the optimizer bitsandbytes' AdamW8bit (its 8-bit block-wise dynamic state; tensors under
+                    4096 elements keep 32-bit state, its default) at the lr / weight decay / betas / eps of the
+                    others' AdamW: the field's 8-bit AdamW beside +q8all / +dyn8 (pip install bitsandbytes)
   exact@R           slimfit exact() + the freezing scheduler at rate R (what freezing alone costs)
   paper@R           slimfit paper() + scheduler at rate R (the SlimFit method)
   aggressive@R      slimfit aggressive() + scheduler at rate R
@@ -101,6 +104,35 @@ FEW_PARAMS_LR = 5e-4
 
 
 # ------------------------------------------------------------------ methods
+# The hyperparameters of the AdamW every method trains with (slimfit.demo.finetune._adamw: torch's defaults and
+# weight decay 0.01), said explicitly for the methods that bring an optimizer of their own.
+ADAMW_HYPER = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+BNB8 = "full+bnb8"   # full fine-tuning with bitsandbytes' AdamW8bit: a method of its own
+
+
+def _bitsandbytes():
+    try:
+        import bitsandbytes
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not usable here
+        raise SystemExit(f"{BNB8} needs bitsandbytes, which does not import here ({type(exc).__name__}: {exc}): "
+                         "pip install bitsandbytes") from exc
+    return bitsandbytes
+
+
+def bnb_adamw8bit(params, lr: float):
+    """bitsandbytes' AdamW8bit over `params` with the hyperparameters of the loop's AdamW (Prepared.optimizer)."""
+    return _bitsandbytes().optim.AdamW8bit(params, lr=lr, **ADAMW_HYPER)
+
+
+def spec_optimizer(spec: str) -> Callable | None:
+    """The optimizer factory `(params, lr) -> optimizer` a method spec brings (full+bnb8: bnb_adamw8bit, checked
+    importable now), None for the loop's AdamW."""
+    if parse_spec(spec)[0] != BNB8:
+        return None
+    _bitsandbytes()
+    return bnb_adamw8bit
+
+
 def _lora(model, r: int = 8):
     from peft import LoraConfig, get_peft_model
 
@@ -152,6 +184,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     base, *suffixes = spec.split("+")
     if base == "paper" and suffixes and suffixes[0] == "lora":   # 'paper+lora' is a method of its own
         return "paper+lora", None, {}
+    if spec == BNB8:
+        return BNB8, None, {}
     name, rate = _with_rate(base)
     options: dict = {}
     for suffix in suffixes:
@@ -196,6 +230,8 @@ def method_prepare(spec: str, steps: int = 0):
         sched_kwargs["warmup_steps"] = round(options["warmup_share"] * steps)
     if name == "full":
         return prepare_preset(None, 0.0), False
+    if name == BNB8:
+        return prepare_preset(None, 0.0, optimizer=spec_optimizer(spec)), False
     if name in ("exact", "paper", "aggressive") or name in VARIANTS:
         config = VARIANTS.get(name, name)
         return prepare_preset(config, 0.9 if rate is None else rate, always_train, sched_kwargs, label=name), False

@@ -71,11 +71,12 @@ FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Ans
 
 def _method(spec: str) -> tuple[str | None, float, dict]:
     """'full' -> (None, 0, {}); 'paper@0.7+q8' -> ('paper', 0.7, {'frozen_state': 'compress'}): the accuracy
-    benchmark's spec names (bench/accuracy.parse_spec), the preset None for full fine-tuning."""
-    from bench.accuracy import SPEC_DEFAULTS, parse_spec
+    benchmark's spec names (bench/accuracy.parse_spec), the preset None for full fine-tuning (full+bnb8 too: its
+    optimizer is bench/accuracy.spec_optimizer's)."""
+    from bench.accuracy import BNB8, SPEC_DEFAULTS, parse_spec
 
     name, rate, options = parse_spec(spec)
-    if name == "full":
+    if name in ("full", BNB8):
         return None, 0.0, {}
     # what the spec does not name is bench/accuracy.py's SPEC_DEFAULTS (frozen_state=None unless +q8 / +q8all ...)
     return name, 0.7 if rate is None else rate, {**SPEC_DEFAULTS, **options}
@@ -115,6 +116,7 @@ def _scored(model, enc, test, measured: dict) -> float:
 
 
 def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> dict:
+    from bench.accuracy import spec_optimizer
     from slimfit.demo.finetune import prepare_preset, train_and_evaluate
 
     start = time.perf_counter()
@@ -123,7 +125,7 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     torch.manual_seed(seed)
     model = copy.deepcopy(base_model)
     model.train()
-    prepared = prepare_preset(preset, rate, scheduler_options=options)(model, seed)
+    prepared = prepare_preset(preset, rate, scheduler_options=options, optimizer=spec_optimizer(spec))(model, seed)
     measured = {}
     result = train_and_evaluate(prepared, lambda idx: enc.train_batch([train[i] for i in idx]), len(train),
                                 steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed, device="cpu",

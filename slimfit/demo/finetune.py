@@ -33,27 +33,29 @@ class Prepared:
     """What a method makes of a freshly loaded model before training: the model to train (it
     may be a wrapper, e.g. a PEFT model), an optional freezing scheduler, a display name and an
     optional callback given the dataset indices of each batch, returning extra forward keywords
-    (e.g. {"sample_ids": ...} for WTA-CRS)."""
+    (e.g. {"sample_ids": ...} for WTA-CRS) and an optional optimizer factory `optimizer(params, lr)` (None: the
+    loop's torch.optim.AdamW(params, lr=lr, weight_decay=0.01))."""
     model: object
     scheduler: object = None
     name: str = ""
     on_batch: Optional[Callable] = None
+    optimizer: Optional[Callable] = None
 
 
 def prepare_preset(preset, rate: float, always_train=None, scheduler_options: dict | None = None,
-                   label: str | None = None) -> Callable:
+                   label: str | None = None, optimizer: Callable | None = None) -> Callable:
     """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
     SlimFitConfig) + the scheduler at `rate`
     (`always_train`: module names the scheduler leaves out and trains every step; None, the scheduler's
     default: the task head; () schedules it; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update
-    or frozen_state)."""
+    or frozen_state; `optimizer`: Prepared.optimizer, None for the loop's AdamW)."""
 
     def prepare(model, seed: int) -> Prepared:
         import slimfit
         from slimfit.scheduler import ILSScheduler
 
         if preset is None:
-            return Prepared(model, None, "plain PyTorch")
+            return Prepared(model, None, "plain PyTorch", optimizer=optimizer)
         config = slimfit.SlimFitConfig.preset(preset) if isinstance(preset, str) else preset
         slimfit.patch(model, config)
         options = dict(scheduler_options or {})
@@ -62,7 +64,8 @@ def prepare_preset(preset, rate: float, always_train=None, scheduler_options: di
         heads = list(scheduler.always_train) if always_train is not None else []
         extras = ([f"{'+'.join(heads)} always trains"] if heads else []) + [f"{k}={v}" for k, v in options.items()]
         name = label or (preset if isinstance(preset, str) else "custom config")
-        return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras))
+        return Prepared(model, scheduler, f"slimfit {name}, rate {rate}" + "".join(f", {e}" for e in extras),
+                        optimizer=optimizer)
 
     return prepare
 
@@ -161,8 +164,8 @@ def finetune(model_dir: str, train, test, *, preset: str | None = None, rate: fl
 def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *, steps: int, batch_size: int,
                        lr: float, seed: int, device: str, progress: bool, evaluate_fn: Callable,
                        saved_samples: int = 0) -> RunResult:
-    """The training loop shared by the text and image runs: AdamW over `steps` seeded batches
-    (`make_batch(indices)` -> forward keywords), the scheduler if any, then the saved bytes of one
+    """The training loop shared by the text and image runs: AdamW (or `prepared.optimizer`) over `steps` seeded
+    batches (`make_batch(indices)` -> forward keywords), the scheduler if any, then the saved bytes of one
     step on a fixed batch (final frozen state), the peak GPU memory and `evaluate_fn(model)`.
     `saved_samples` > 0 (with a scheduler): the same measurement also after that many evenly spaced
     steps, for the most over the run (`saved_bytes_max`); the RNG state is restored around each, so
@@ -170,7 +173,7 @@ def train_and_evaluate(prepared: Prepared, make_batch: Callable, n_train: int, *
     from slimfit import memory
 
     model, scheduler = prepared.model, prepared.scheduler
-    params, optimizer = _adamw(model, scheduler, lr)
+    params, optimizer = _adamw(model, scheduler, lr, prepared.optimizer)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
 
@@ -225,11 +228,15 @@ def _step_peak(model, batch: dict, optimizer) -> int:
     return step_memory.measure_step(model, batch, optimizer).total
 
 
-def _adamw(model, scheduler, lr: float):
-    """(the parameters, AdamW over them): every parameter under a scheduler, which freezes and unfreezes
-    layers as it goes (the optimizer must know them all), else those that require grad."""
+def _adamw(model, scheduler, lr: float, make_optimizer: Callable | None = None):
+    """(the parameters, AdamW over them, or `make_optimizer(params, lr)`): every parameter under a scheduler,
+    which freezes and unfreezes layers as it goes (the optimizer must know them all), else those that require
+    grad."""
     params = list(model.parameters()) if scheduler is not None else [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    if make_optimizer is None:
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    else:
+        optimizer = make_optimizer(params, lr)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
     return params, optimizer

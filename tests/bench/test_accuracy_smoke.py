@@ -42,6 +42,28 @@ def test_quick_run_appends_rows_and_renders_table(tmp_path):
         assert [(r["method"], r["lr"]) for r in csv.DictReader(fh)][-2:] == [("meft1", "0.0005"), ("full", "0.0002")]
 
 
+def _bitsandbytes_or_skip():
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means: not usable here
+        pytest.skip(f"bitsandbytes is not installed or does not import ({type(e).__name__}: {e}); "
+                    "pip install bitsandbytes")
+
+
+def test_quick_run_of_full_fine_tuning_with_bitsandbytes_adamw8bit(tmp_path):
+    """full+bnb8: the same model, batches and activations as full, every parameter trained, the optimizer
+    bitsandbytes' AdamW8bit."""
+    _bitsandbytes_or_skip()
+    assert accuracy.main(["--quick", "--no-progress", "--methods", "full,full+bnb8", "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "accuracy_text_cpu.csv", newline="") as fh:
+        rows = {r["method"]: r for r in csv.DictReader(fh)}
+    assert list(rows) == ["full", "full+bnb8"]
+    full, bnb8 = rows["full"], rows["full+bnb8"]
+    assert bnb8["trainable_params"] == full["trainable_params"] and bnb8["saved_mib"] == full["saved_mib"]
+    assert 0.0 <= float(bnb8["accuracy"]) <= 1.0 and float(bnb8["loss_first10"]) > 0
+    assert "| full+bnb8 |" in (tmp_path / "accuracy_text_cpu.md").read_text()
+
+
 def test_unknown_method_fails_before_training(tmp_path):
     with pytest.raises(SystemExit, match="unknown method"):
         accuracy.main(["--quick", "--methods", "full,nonsense", "--out-dir", str(tmp_path)])

@@ -1,8 +1,11 @@
 """bench/decoder_accuracy.py: the quick run (a tiny random Llama, 3 steps) trains every method and the table
 compares each with full fine-tuning over the same seeds; the fortunes task on fortune files of its own."""
-import pytest
+import sys
 
-from bench import decoder_accuracy
+import pytest
+import torch
+
+from bench import accuracy, decoder_accuracy
 from slimfit.demo import assets
 
 
@@ -43,6 +46,51 @@ def test_fortunes_quick_run_scores_zero_shot_and_records_train_losses(fortune_di
     out = capsys.readouterr().out
     assert "zero-shot: loss" in out and "Zero-shot (the pretrained model" in out
     assert "| full | 3, 2, 5e-05, 96 | 0 |" in out and "| paper@0.7+q8all | 3, 2, 5e-05, 96 | 0 |" in out
+
+
+def _bitsandbytes_or_skip():
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means: not usable here
+        pytest.skip(f"bitsandbytes is not installed or does not import ({type(e).__name__}: {e}); "
+                    "pip install bitsandbytes")
+
+
+def test_full_bnb8_is_full_fine_tuning_with_adamw8bit_at_the_loops_hyperparameters():
+    from slimfit.demo.finetune import _adamw
+
+    assert decoder_accuracy._method("full+bnb8") == (None, 0.0, {})
+    assert accuracy.spec_optimizer("full") is None and accuracy.spec_optimizer("paper@0.7+q8all") is None
+    with pytest.raises(SystemExit, match=r"unknown option \+bnb8"):
+        accuracy.parse_spec("paper@0.7+bnb8")
+    _bitsandbytes_or_skip()
+    model = torch.nn.Linear(128, 64)
+    _, plain = _adamw(model, None, 3e-5)
+    _, bnb8 = _adamw(model, None, 3e-5, accuracy.spec_optimizer("full+bnb8"))
+    assert type(bnb8).__name__ == "AdamW8bit" and type(bnb8).__module__.startswith("bitsandbytes")
+    same = ("lr", "betas", "eps", "weight_decay")
+    assert {k: bnb8.defaults[k] for k in same} == {k: plain.defaults[k] for k in same}
+    model(torch.randn(4, 128)).sum().backward()
+    bnb8.step()
+    assert bnb8.state[model.weight]["state1"].dtype == torch.uint8     # 8,192 elements: over min_8bit_size
+
+
+def test_full_bnb8_without_bitsandbytes_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)               # import bitsandbytes -> ImportError
+    for check in (lambda: accuracy.method_prepare("full+bnb8"), lambda: accuracy.spec_optimizer("full+bnb8")):
+        with pytest.raises(SystemExit, match="pip install bitsandbytes"):
+            check()
+
+
+def test_fortunes_quick_run_of_full_bnb8(fortune_dir, monkeypatch):
+    _bitsandbytes_or_skip()
+    rows, render = [], decoder_accuracy.markdown_fortunes
+    monkeypatch.setattr(decoder_accuracy, "markdown_fortunes", lambda done: render(rows.extend(done) or done))
+    assert decoder_accuracy.main(["--task", "fortunes", "--quick", "--seeds", "0", "--methods", "full+bnb8"]) == 0
+    assert [r["method"] for r in rows] == ["zero-shot", "full+bnb8"]
+    bnb8 = rows[1]
+    assert len(bnb8["train_losses"].split()) == 3 and float(bnb8["frozen_share"]) == 0
+    assert 0.0 <= float(bnb8["accuracy"]) <= 1.0 and float(bnb8["heldout_loss"]) > 0
 
 
 def test_fortunes_markdown_pairs_with_full_and_shows_zero_shot(fortune_dir):
