@@ -122,6 +122,8 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     start = time.perf_counter()
     enc = encoder(tokenizer, args)
     preset, rate, options = _method(spec)
+    if "warmup_share" in options:   # +warmNN: the rate's ramp over NN% of the steps, as bench/accuracy.py does
+        options["warmup_steps"] = round(options.pop("warmup_share") * args.steps)
     torch.manual_seed(seed)
     model = copy.deepcopy(base_model)
     model.train()
