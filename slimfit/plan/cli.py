@@ -65,9 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the step's device: cpu (exact), or cuda (an estimate: docs/plan.md)")
     parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload", "compress_all"],
                         default="auto",
-                        help="with --rate: the frozen layers' AdamW state held 8-bit (compress; auto, the "
-                             "scheduler's default, is compress), in host memory (offload; saves only on a GPU), "
-                             "every layer's 8-bit (compress_all), or in full (none)")
+                        help="with --rate: every layer's AdamW state held 8-bit (compress_all; auto, the "
+                             "scheduler's default, is compress_all where the optimizer's step can hold it, else "
+                             "compress), the frozen layers' only (compress), in host memory (offload; saves only on "
+                             "a GPU), or in full (none)")
     parser.add_argument("--fit", default=None, metavar="BUDGET",
                         help="search presets, rates, frozen-state options, LoRA and checkpointing at this batch "
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
