@@ -352,11 +352,12 @@ class SchedulerConfig:
                        "auto" (the default): "compress_all" where the optimizer's step can hold every state (a
                        torch Adam/AdamW under the chunked step, or step_in_backward), else "compress"; None under
                        experimental frozen_update="momentum"; chosen by the accuracy protocols (docs/fidelity.md).
-    state_code         how frozen_state="compress" / "compress_all" code a moment: "dynamic8" (the default) or
-                       "dynamic4": block-wise dynamic codes, as 8-bit AdamW optimizers keep theirs (a signed map
-                       for the first moment, sqrt(v) on a map without zero for the second, rounded to nearest);
-                       "linear8": 8-bit per-group min/max with stochastic rounding (slimfit/optim/dynamic_code.py,
-                       docs/fidelity.md).
+    state_code         how frozen_state="compress" / "compress_all" code a moment: "linear8" (the default: 8-bit
+                       per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
+                       dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the
+                       second), rounded to nearest. Re-encoded at every step (compress_all), nearest rounding
+                       holds a moment whose change per step is below half a level where it is: not for
+                       compress_all until the dynamic code rounds stochastically (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -388,7 +389,7 @@ class SchedulerConfig:
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
     frozen_state: Optional[str] = FROZEN_STATE_AUTO
-    state_code: str = "dynamic8"
+    state_code: str = "linear8"
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL

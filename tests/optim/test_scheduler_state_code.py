@@ -50,3 +50,19 @@ def test_a_scheduler_whose_optimizer_was_dropped_steps_and_closes():
     sched.apply()
     sched.close()
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_the_default_code_follows_a_moment_that_changes_slowly_when_encoded_every_step():
+    """compress_all encodes every moment again at every step. The default linear code rounds stochastically
+    (unbiased), so a second moment that decays by beta2 while its block's largest entry is held up still
+    decays (the dynamic code's nearest rounding would hold it at 1e-4: docs/fidelity.md)."""
+    from slimfit.scheduler.config import STATE_CODES
+
+    code, bits = STATE_CODES[SchedulerConfig().state_code]
+    v = torch.full((128,), 1e-4)
+    for step in range(500):
+        v = v * 0.999
+        v[0] = 1.0
+        v = codec.decode(codec.encode(v, sqrt=True, seed=step, code=code, bits=bits))
+    exact = 1e-4 * 0.999 ** 500
+    assert abs(float(v[1:].mean()) - exact) < 0.1 * exact
