@@ -46,6 +46,9 @@ class InStepScores:
     def lr_factor(self, p) -> float:
         """The factor the coming update of ``p`` is stretched by (1.0: none). Every layer summed here was
         stretched by it: its score divides it out (ILSScheduler._score_trained)."""
+        sched = self._scheduler()
+        if sched is None or sched.config.update_scale == "none":   # the default: no per-layer lookup
+            return 1.0
         sched, i = self._layer(p)
         return 1.0 if i is None else sched._coming_factor(i)
 

@@ -69,3 +69,19 @@ def weights(model) -> list:
 def frozen_params(sched) -> list:
     """The scheduled parameters frozen right now (the scheduler's contract: requires_grad)."""
     return [p for p in sched.params if not p.requires_grad]
+
+
+def plain_twin(model, opt, seed=0):
+    """A plain AdamW on a copy of ``model`` whose moments are the held entries of ``opt`` decoded (the held
+    step's reference: torch's step from the decoded values)."""
+    from slimfit.optim import codec
+    from slimfit.optim.keys import Q8
+
+    ref = build(seed)
+    ref.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        st = opt.state[p]
+        ref_opt.state[q] = {"step": st["step"].clone(), "exp_avg": codec.decode(st["exp_avg" + Q8]),
+                            "exp_avg_sq": codec.decode(st["exp_avg_sq" + Q8])}
+    return ref, ref_opt

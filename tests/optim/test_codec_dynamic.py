@@ -4,7 +4,7 @@ torch's step from their decoded values bit for bit, bytes, old (linear) entries 
 option and its errors."""
 import pytest
 import torch
-from _optim_models import build, data, frozen_params, loss_of, train
+from _optim_models import build, data, frozen_params, loss_of, plain_twin, train
 
 from slimfit.kernels import qmaps
 from slimfit.optim import ChunkedStep, FrozenState, attach_frozen_state, codec
@@ -201,13 +201,7 @@ def test_a_step_from_dynamic_entries_is_torch_s_step_from_their_decoded_values(b
         _step(model, opt, data(seed=s))
     for st in opt.state.values():
         assert all(st[k + Q8].get("dynamic") and st[k + Q8]["bits"] == bits for k in ("exp_avg", "exp_avg_sq"))
-    ref = build(0)
-    ref.load_state_dict(model.state_dict())
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        st = opt.state[p]
-        ref_opt.state[q] = {"step": st["step"].clone(), "exp_avg": codec.decode(st["exp_avg" + Q8]),
-                            "exp_avg_sq": codec.decode(st["exp_avg_sq" + Q8])}
+    ref, ref_opt = plain_twin(model, opt)
     _step(model, opt, data(seed=3))
     _step(ref, ref_opt, data(seed=3))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))

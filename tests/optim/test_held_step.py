@@ -4,7 +4,7 @@ time, never in full. A step from held moments is torch's step from their decoded
 entries stay within the codec's bounds of the moments torch's step makes; a resumed run is the same."""
 import pytest
 import torch
-from _optim_models import build, data, loss_of
+from _optim_models import build, data, loss_of, plain_twin
 from torch import nn
 
 from slimfit.optim import ChunkedStep, FrozenState, codec
@@ -45,13 +45,7 @@ def test_a_step_from_held_moments_is_torch_s_step_from_their_decoded_values():
     model, opt, _, _ = _held_setup(chunk=1024)     # a multiple of the group: 200x200 weights in 40 pieces
     for s in range(3):
         _step(model, opt, data(seed=s))
-    ref = build(0)
-    ref.load_state_dict(model.state_dict())
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        st = opt.state[p]
-        ref_opt.state[q] = {"step": st["step"].clone(), "exp_avg": codec.decode(st["exp_avg" + Q8]),
-                            "exp_avg_sq": codec.decode(st["exp_avg_sq" + Q8])}
+    ref, ref_opt = plain_twin(model, opt)
     _step(model, opt, data(seed=3))
     _step(ref, ref_opt, data(seed=3))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))

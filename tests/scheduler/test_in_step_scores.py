@@ -29,14 +29,16 @@ class Wide(nn.Module):
         return self.head(torch.relu(self.mid2(torch.relu(self.mid(torch.relu(self.inp(x)))))))
 
 
-def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=None, opt_cls=torch.optim.AdamW):
+def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=None, opt_cls=torch.optim.AdamW,
+         update_scale="none", frozen_state=None):
     torch.manual_seed(0)
     model = Wide()
     kwargs = dict(lr=1e-2, weight_decay=0.1, **(opt_kwargs or {}))
     opt = step_in_backward(model, opt_cls, **kwargs) if in_backward else opt_cls(model.parameters(), **kwargs)
-    # update_scale="none": the stretch rounds otherwise inside the step than after it (tested below, to a few ulps)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None, score=score,
-                         step_chunk_numel=chunk, update_scale="none")
+    # update_scale="none" by default here: the stretch rounds otherwise inside the step than after it (tested
+    # below, to a few ulps)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state, score=score,
+                         step_chunk_numel=chunk, update_scale=update_scale)
     history, snaps = [], []
     for step in range(steps):
         x, y = regression_data(seed=step % 3)
@@ -89,21 +91,8 @@ def test_an_optimizer_it_cannot_take_keeps_the_snapshots():
 
 
 def _run_share(chunk, frozen_state=None, steps=STEPS):
-    torch.manual_seed(0)
-    model = Wide()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state,
-                         step_chunk_numel=chunk, update_scale="share")
-    history, snaps = [], []
-    for step in range(steps):
-        x, y = regression_data(seed=step % 3)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        snaps.append(len(sched._snap))
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        history.append((sched._scores.clone(), tuple(sched.frozen_names())))
-    return history, snaps, sched, model
+    return _run(chunk, steps=steps, update_scale="share",
+                frozen_state=frozen_state)
 
 
 def test_update_scale_share_stretches_inside_the_chunked_step_without_snapshots():
