@@ -71,8 +71,9 @@ class AttentionOptions:
     """What the materializing attention keeps, checked once, here.
 
     qkv_bits: 8 (default), 4 or 2 to save Q, K, V quantized per group; None keeps them.
-    probs: how P is saved: 'topk' (keep ceil(keep_ratio·Sk) per row), 'int8', 'int4', 'full',
-    or 'recompute' (not saved: rebuilt in backward from the saved Q, K and the mask).
+    probs: how P is saved: 'full' (default, as SlimFitConfig's AttentionSaving), 'topk' (keep
+    ceil(keep_ratio·Sk) per row), 'int8', 'int4', or 'recompute' (not saved: rebuilt in backward from the
+    saved Q, K and the mask).
     group_size: quantization group (32, 64, 128 or 256 consecutive elements).
     dropout_mode: 'seed' (dropout on P, mask regenerated from a seed, nothing saved) or
     'on_v' (dropout on V, as the SlimFit research code; changes the model).
@@ -80,7 +81,7 @@ class AttentionOptions:
 
     op: ClassVar[str] = "attention"
     qkv_bits: Optional[int] = 8
-    probs: str = "topk"
+    probs: str = "full"
     keep_ratio: float = 0.1
     group_size: int = 128
     dropout_mode: str = "seed"
@@ -388,7 +389,7 @@ def attention(
     dropout_p: float = 0.0,
     training: bool = True,
     qkv_bits: Optional[int] = 8,
-    probs: str = "topk",
+    probs: str = "full",
     keep_ratio: float = 0.1,
     group_size: int = 128,
     dropout_mode: str = "seed",
