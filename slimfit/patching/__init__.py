@@ -2,7 +2,6 @@
 same state_dict keys); slimfit.unpatch(model) restores the original behaviour exactly."""
 from __future__ import annotations
 
-import re
 import warnings
 
 from torch import nn
@@ -14,19 +13,16 @@ from .families import family_for
 from .handlers import PatchContext
 from .modules import OPTIONS, ORIGINAL_CLASS
 from .options import AttentionOptions
-from .sampling import (
-    NORM_CACHE,
-    SampleIds,
-    install_hooks,
+from .root_hooks import (
+    MODEL_STATE,
     install_new_module_check,
+    install_sample_id_hooks,
     install_seed_hook,
-    norm_caches,
+    name_filter,
     remove_hooks,
-    sample_ids,
 )
+from .sampling import NORM_CACHE, SampleIds, norm_caches, sample_ids
 from .summary import NOTHING_PATCHED, PatchSummary
-
-MODEL_STATE = "_slimfit_state"
 
 
 def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modules=None, exclude_modules=None):
@@ -47,7 +43,7 @@ def patch(model: nn.Module, config: SlimFitConfig | None = None, *, target_modul
     config = SlimFitConfig.paper() if config is None else config
     if not isinstance(config, SlimFitConfig):
         raise TypeError(f"slimfit.patch: config must be a SlimFitConfig, got {type(config).__name__}")
-    keep = _name_filter(target_modules, exclude_modules)
+    keep = name_filter(target_modules, exclude_modules)
     caches = _release_patched(model, config)
 
     family = family_for(model)
@@ -88,7 +84,7 @@ def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: Patch
             why = ("sampling.targets='paper' needs a known family (use targets='all')" if family is None
                    else "no linear layer matches the family's sampling targets")
             summary.skipped.append(("<sampling>", type(model).__name__, why))
-        install_hooks(model)
+        install_sample_id_hooks(model)
     if config.stochastic or holder is not None:
         install_seed_hook(model)
     if config.lm_head_chunk_rows is not None:  # first: its patch-time probe forward is no training forward
@@ -104,38 +100,6 @@ def patch_summary(model: nn.Module) -> PatchSummary | None:
     `model.slimfit_summary`, a PeftModel does not forward this to the model it wraps)."""
     state = vars(model).get(MODEL_STATE)  # vars: PeftModel forwards unknown attributes to its base model
     return None if state is None else state["summary"]
-
-
-def _name_filter(target_modules, exclude_modules):
-    """keep(name) -> None when the module named `name` is selected, else the reason it is not."""
-    target = _name_matcher("target_modules", target_modules)
-    exclude = _name_matcher("exclude_modules", exclude_modules)
-
-    def keep(name: str) -> str | None:
-        prefixes = [name[:i] for i, char in enumerate(name) if char == "."] + [name]
-        if target is not None and not any(target(prefix) for prefix in prefixes):
-            return "not in target_modules"
-        if exclude is not None and any(exclude(prefix) for prefix in prefixes):
-            return "in exclude_modules"
-        return None
-
-    return keep
-
-
-def _name_matcher(arg: str, spec):
-    if spec is None:
-        return None
-    if isinstance(spec, str):
-        try:
-            pattern = re.compile(spec)
-        except re.error as exc:
-            raise ValueError(f"slimfit.patch: {arg}={spec!r} is not a valid regular expression ({exc})") from None
-        return lambda name: pattern.fullmatch(name) is not None
-    if isinstance(spec, (list, tuple, set, frozenset)) and all(isinstance(key, str) and key for key in spec):
-        keys = tuple(spec)
-        return lambda name: any(name == key or name.endswith("." + key) for key in keys)
-    raise TypeError(f"slimfit.patch: {arg} must be a regular expression (str) or a list of module names, "
-                    f"got {spec!r}")
 
 
 def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:

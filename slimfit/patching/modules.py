@@ -22,11 +22,11 @@ from ..autograd.relu import relu
 from ..autograd.rmsnorm import rms_norm
 from ..autograd.sampled_linear import sampled_linear
 from ..autograd.silu import silu, swiglu
-from .sampling import NORM_CACHE
 from .structure import fused_gated_names
 
 ORIGINAL_CLASS = "_slimfit_original_class"
 OPTIONS = "_slimfit"
+NORM_CACHE = "_slimfit_norm_cache"  # a sampled linear's NormCache (sampling.py)
 
 
 _CLASSES: dict = {}
