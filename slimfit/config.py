@@ -18,7 +18,7 @@ from .kernels.validation import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 _BITS = (None, *SUPPORTED_BITS)
 _LAYERNORM_SAVES = NORM_SAVES
 _PROBS = PROBS_MODES
-ATTENTION_PATHS = ("auto", "fused", "materialize")  # patch.hf_attention.choose_path's choices
+ATTENTION_PATHS = ("auto", "fused", "materialize")  # patching/attention/hf_attention.choose_path's choices
 _DROPOUT = ("torch", "seed", "bitmask")
 _GROUP_SIZES = SUPPORTED_GROUP_SIZES
 _SAMPLE_METHODS = SAMPLERS

@@ -14,7 +14,7 @@ scores and P from them, regenerates the dropout mask from a seed, and runs the g
     dPk = Σ_batch scatter(dS, c2p)ᵀ·Q/s      dPq = Σ_batch scatter(dSᵀ, p2c)ᵀ·K/s
 
 The forward runs the model's own ops in its order, so its output is the model's bit for bit when the
-dropout is off (slimfit/patching/disentangled.py checks that on a probe at patch time). The attention
+dropout is off (slimfit/patching/attention/disentangled.py checks that on a probe at patch time). The attention
 dropout is slimfit's seeded one (the same distribution as PyTorch's, another draw), as for every attention.
 """
 from __future__ import annotations

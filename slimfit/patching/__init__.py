@@ -7,12 +7,11 @@ import warnings
 from torch import nn
 
 from ..config import SlimFitConfig
-from . import attention_routes, disentangled, handlers, structure, torch_attention
+from . import attention, handlers, structure
 from .causal_lm import patch_causal_lm, unpatch_causal_lm
 from .families import family_for
 from .handlers import PatchContext
 from .modules import OPTIONS, ORIGINAL_CLASS
-from .options import AttentionOptions
 from .root_hooks import (
     MODEL_STATE,
     install_new_module_check,
@@ -90,9 +89,7 @@ def _install_model_level(model: nn.Module, config: SlimFitConfig, summary: Patch
     if config.lm_head_chunk_rows is not None:  # first: its patch-time probe forward is no training forward
         patch_causal_lm(model, config.lm_head_chunk_rows, summary)
     if config.attention is not None:
-        summary.attention = _patch_attention(model, config, summary, keep)
-        if summary.attention is None:  # not a transformers attention: route its F.scaled_dot_product_attention calls
-            torch_attention.install(model, config, summary)
+        attention.install(model, config, summary, keep)
 
 
 def patch_summary(model: nn.Module) -> PatchSummary | None:
@@ -122,66 +119,6 @@ def _release_patched(model: nn.Module, config: SlimFitConfig) -> dict:
     return caches
 
 
-def _patch_attention(model: nn.Module, config: SlimFitConfig, summary: PatchSummary, keep) -> str | None:
-    """Route the model's transformers attention modules to slimfit (attention_routes.py); the model keeps
-    its own implementation and code paths. Returns the implementation, or None (not a transformers
-    attention: the caller routes F.scaled_dot_product_attention calls instead)."""
-    hf_config = getattr(model, "config", None)
-    current = getattr(hf_config, "_attn_implementation", None)
-    if current not in attention_routes.IMPLEMENTATIONS:
-        summary.skipped.append(("<attention>", type(model).__name__,
-                                f"attention implementation {current!r} is not sdpa/eager "
-                                "(or not a transformers model)"))
-        return None
-    found = _attention_modules(model, keep)
-    if not found:
-        summary.skipped.append(("<attention>", type(model).__name__, "no attention module found"))
-        return None
-    options = AttentionOptions.from_config(config)
-    saving = config.attention
-    for name, module in found:
-        if _patch_disentangled(name, module, options, summary):
-            continue
-        handlers.swap(module, attention_routes.AttentionMixin, None)
-        setattr(module, attention_routes.ATTENTION_OPTIONS, options)
-        setattr(module, attention_routes.CALLS, attention_routes.AttentionCalls())
-        attention_routes.ensure_routed(module)
-        summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
-        summary.attention_modules.append((name, module))
-    return current
-
-
-def _patch_disentangled(name: str, module: nn.Module, options, summary: PatchSummary) -> bool:
-    """DeBERTa's disentangled self-attention inside `module` through slimfit's core (disentangled.py), when
-    its patch-time probe agrees; False (the module routed as any other) when there is none or it differs."""
-    child = disentangled.disentangled_child(module)
-    if child is None:
-        return False
-    child_name, child = child
-    full_name = f"{name}.{child_name}" if name else child_name
-    disentangled.install(child, options)
-    why = disentangled.verify_disentangled(child)
-    if why is not None:
-        handlers.unswap(child)
-        for attr in (attention_routes.ATTENTION_OPTIONS, attention_routes.CALLS):
-            vars(child).pop(attr, None)
-        summary.skipped.append((full_name, type(child).__name__, why))
-        return False
-    summary.patched.append((full_name, "attention", f"disentangled: qkv {options.qkv_bits or 'full'}, P recomputed"))
-    summary.attention_modules.append((full_name, child))
-    return True
-
-
-def _attention_modules(model: nn.Module, keep) -> list:
-    """The innermost transformers attention modules (class name ending in 'Attention', holding the
-    config): the ones that call the attention function with themselves as `module`."""
-    found = [(name, module) for name, module in model.named_modules()
-             if type(module).__name__.endswith("Attention") and hasattr(module, "config") and not keep(name)]
-    inner = {id(module) for _, module in found}
-    return [(name, module) for name, module in found
-            if not any(id(sub) in inner for sub in module.modules() if sub is not module)]
-
-
 def unpatch(model: nn.Module) -> nn.Module:
     """Restore every patched module's class, the attention implementation and the root hooks.
 
@@ -191,10 +128,10 @@ def unpatch(model: nn.Module) -> nn.Module:
     found = False
     for module in model.modules():
         own = vars(module)  # not getattr: PeftModel forwards unknown attributes to the model it wraps
-        if MODEL_STATE in own:
+        root = MODEL_STATE in own
+        if root:
             found = True
             remove_hooks(module)
-            torch_attention.remove(module)
             delattr(module, MODEL_STATE)
             vars(module).pop("slimfit_summary", None)
         original = own.get(ORIGINAL_CLASS)
@@ -203,10 +140,10 @@ def unpatch(model: nn.Module) -> nn.Module:
             module.__class__ = original
             delattr(module, ORIGINAL_CLASS)
             delattr(module, OPTIONS)
-        for attr in (NORM_CACHE, attention_routes.ATTENTION_OPTIONS, attention_routes.CALLS):
-            if attr in own:
-                found = True
-                delattr(module, attr)
+        if NORM_CACHE in own:
+            found = True
+            delattr(module, NORM_CACHE)
+        found = attention.remove(module, root) or found
     unpatch_causal_lm(model)
     if not found:
         warnings.warn("slimfit.unpatch: the model is not patched; nothing to do", stacklevel=2)

@@ -40,7 +40,8 @@ from .modules import (
     RMSNormMixin,
     SiLUMixin,
     SwiGLUMixin,
-    patched_class,
+    swap,
+    unswap,
 )
 from .options import (
     ActivationOptions,
@@ -107,13 +108,6 @@ class Handler:
     verify: Callable | None = None
 
 
-def swap(module: nn.Module, mixin: type, options) -> None:
-    original = type(module)
-    setattr(module, ORIGINAL_CLASS, original)
-    setattr(module, OPTIONS, options)
-    module.__class__ = patched_class(original, mixin)
-
-
 def handle(name: str, module: nn.Module, ctx: PatchContext, summary: PatchSummary) -> None:
     """Patch (or record why not) one selected module with the first handler that matches it."""
     handler = next((candidate for candidate in HANDLERS if candidate.matches(module, ctx)), None)
@@ -135,12 +129,6 @@ def handle(name: str, module: nn.Module, ctx: PatchContext, summary: PatchSummar
     if handler.on_patch is not None:
         handler.on_patch(ctx, module, options)
     summary.patched.append((name, handler.kind, handler.describe(ctx, options)))
-
-
-def unswap(module: nn.Module) -> None:
-    module.__class__ = vars(module)[ORIGINAL_CLASS]
-    delattr(module, ORIGINAL_CLASS)
-    delattr(module, OPTIONS)
 
 
 def register(handler: Handler, before: str | None = None) -> Handler:

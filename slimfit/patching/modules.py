@@ -46,6 +46,21 @@ def patched_class(original: type, mixin: type) -> type:
     return _CLASSES[key]
 
 
+def swap(module: nn.Module, mixin: type, options) -> None:
+    """Patch one module: its class becomes patched_class(its class, mixin), `options` its OPTIONS."""
+    original = type(module)
+    setattr(module, ORIGINAL_CLASS, original)
+    setattr(module, OPTIONS, options)
+    module.__class__ = patched_class(original, mixin)
+
+
+def unswap(module: nn.Module) -> None:
+    """Undo `swap` on one module: its own class back, the options dropped."""
+    module.__class__ = vars(module)[ORIGINAL_CLASS]
+    delattr(module, ORIGINAL_CLASS)
+    delattr(module, OPTIONS)
+
+
 def _reduce_ex(self, protocol):
     cls = type(self)
     mixin, original = cls.__bases__

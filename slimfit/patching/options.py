@@ -1,10 +1,10 @@
 """Typed per-module options: what a patched module reads from the instance attribute `_slimfit`
-(`modules.OPTIONS`) or, for attention, `_slimfit_attention` (`hf_attention.ATTENTION_OPTIONS`).
+(`modules.OPTIONS`) or, for attention, `_slimfit_attention` (`attention.ATTENTION_OPTIONS`).
 
 Frozen dataclasses built once per patch from the SlimFitConfig (`from_config`). Each one is, or holds,
 the options object of the slimfit.autograd function the module calls (checked once, when built), and the
-forwards (`modules.py`, `experts.py`, `hf_attention.py`, `torch_attention.py`) hand that object down as
-`options=`: config -> these options -> the autograd Function, one copy, no keyword re-spread or re-check
+forwards (`modules.py`, `experts.py`, `attention/hf_attention.py`, `attention/torch_attention.py`) hand that
+object down as `options=`: config -> these options -> the autograd Function, one copy, no keyword re-spread or re-check
 per call. They pickle with the module.
 
     LinearOptions      is an autograd LinearOptions, plus the WTA-CRS `sampling` (its SampledLinearOptions

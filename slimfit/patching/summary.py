@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .attention_routes import calls_of
+from .attention.routes import calls_of
 
 NOTHING_PATCHED = ("nothing is compressed: no module of this model is one slimfit patches (linear, GELU/SiLU, "
                    "LayerNorm/RMSNorm, dropout, conv, transformers or SDPA attention); its training step is "

@@ -1,5 +1,5 @@
 """Hugging Face models through slimfit's attention routing: the fused path by default
-(slimfit.patching.hf_attention.choose_path), the materializing path where no fused kernel exists."""
+(slimfit.patching.attention.hf_attention.choose_path), the materializing path where no fused kernel exists."""
 from __future__ import annotations
 
 import warnings
@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_leaves
 
 import slimfit
 from slimfit.config import SlimFitConfig
-from slimfit.patching import hf_attention
+from slimfit.patching.attention import hf_attention
 
 
 class LargeAllocations(TorchDispatchMode):

@@ -1,5 +1,5 @@
 """PyTorch's own attention (nn.MultiheadAttention in nn.TransformerEncoder, modules calling
-F.scaled_dot_product_attention directly) through slimfit's paths (slimfit/patching/torch_attention.py)."""
+F.scaled_dot_product_attention directly) through slimfit's paths (slimfit/patching/attention/torch_attention.py)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from torch import nn
 import slimfit
 from slimfit.config import AttentionSaving, SlimFitConfig
 from slimfit.memory import measure
-from slimfit.patching import torch_attention
+from slimfit.patching.attention import torch_attention
 
 
 class DirectSDPABlock(nn.Module):

@@ -31,8 +31,8 @@ from collections import Counter
 
 import torch
 
+from ..modules import ORIGINAL_CLASS
 from . import hf_attention
-from .modules import ORIGINAL_CLASS
 
 ATTENTION_OPTIONS = "_slimfit_attention"
 CALLS = "_slimfit_attention_calls"

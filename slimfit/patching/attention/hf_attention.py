@@ -1,7 +1,7 @@
 """slimfit's attention core for one call of a transformers attention function (no modeling
 code copied): `attend` takes the arguments transformers' sdpa / eager attention functions take,
 with the mask the model built for its own implementation. How calls get here without changing
-which implementation the model runs: `attention_routes.py`.
+which implementation the model runs: `routes.py`.
 
 Each call takes one of two paths (`choose_path`, docs/attention.md "Which path"):
 * 'fused': PyTorch's fused kernel, Q/K/V saved compressed, nothing of size S×S kept or
@@ -17,11 +17,11 @@ import warnings
 
 import torch
 
-from .. import autograd
-from ..autograd.attention import topk_keep
-from ..autograd.fused_attention import fused_kernel, quantized_bytes
-from ..config import ATTENTION_PATHS
-from .options import AttentionOptions
+from ... import autograd
+from ...autograd.attention import topk_keep
+from ...autograd.fused_attention import fused_kernel, quantized_bytes
+from ...config import ATTENTION_PATHS
+from ..options import AttentionOptions
 
 PATHS = ATTENTION_PATHS  # choose_path's choices (declared with the config's check of them)
 _warned_fallback: set = set()

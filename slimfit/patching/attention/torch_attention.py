@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .. import autograd
+from ... import autograd
+from ..options import AttentionOptions
 from .hf_attention import choose_path
-from .options import AttentionOptions
 
 ROUTER = "_slimfit_sdpa_router"
 _SDPA = F.scaled_dot_product_attention

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..autograd.disentangled_attention import disentangled_attention
-from .attention_routes import ATTENTION_OPTIONS, CALLS, AttentionCalls, _count, count_forward
-from .modules import ORIGINAL_CLASS
+from ...autograd.disentangled_attention import disentangled_attention
+from ..modules import ORIGINAL_CLASS, swap
+from .routes import ATTENTION_OPTIONS, CALLS, AttentionCalls, _count, count_forward
 
 __all__ = ["disentangled_child", "DisentangledAttentionMixin", "verify_disentangled", "install"]
 
@@ -150,8 +150,6 @@ def verify_disentangled(module) -> str | None:
 
 def install(module, options) -> None:
     """Swap the class and set the attention options and call counter (the caller checks verify)."""
-    from .handlers import swap
-
     swap(module, DisentangledAttentionMixin, None)
     setattr(module, ATTENTION_OPTIONS, options)
     setattr(module, CALLS, AttentionCalls())
