@@ -11,7 +11,9 @@ Modules: config (SchedulerConfig: every option, validated once; ExperimentalOpti
 (which parameters are layers), scores (how much they moved), selection (which to train next), budget
 (activation-memory estimates and budgets), optim (frozen parameters never move), ddp (same decision on
 every rank), ils (the scheduler: state and lifecycle), state (checks of a saved state before it is
-loaded), callbacks (transformers.Trainer; imported lazily).
+loaded). The transformers.Trainer callback lives in slimfit.integrations.trainer (above the patch layer);
+``slimfit.scheduler.SlimFitCallback`` loads it on first use, so importing the scheduler imports neither
+transformers nor slimfit.patching.
 """
 from .budget import estimate_activation_bytes, min_rate_for_budget
 from .candidates import find_candidates
@@ -27,8 +29,8 @@ __all__ = ["ILSScheduler", "SchedulerConfig", "ExperimentalOptions", "SlimFitCal
 
 
 def __getattr__(name):
-    # transformers is optional: load the callback only when asked for.
+    # transformers is optional, and the callback sits above the patch layer: load it only when asked for.
     if name in ("SlimFitCallback", "HFCallback"):
-        from .callbacks import SlimFitCallback
+        from slimfit.integrations.trainer import SlimFitCallback
         return SlimFitCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ def test_scheduler_works_without_transformers(monkeypatch):
     import slimfit.scheduler as S
 
     monkeypatch.setitem(sys.modules, "transformers", None)           # import transformers -> ImportError
-    monkeypatch.delitem(sys.modules, "slimfit.scheduler.callbacks", raising=False)
+    monkeypatch.delitem(sys.modules, "slimfit.integrations.trainer", raising=False)
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     s = S.ILSScheduler(m, freeze_rate=0.5)
     s.step()
@@ -66,7 +66,7 @@ def test_trainer_callback_steps_freezes_and_resumes(tmp_path):
     from transformers import TrainerCallback
 
     from slimfit.scheduler import SlimFitCallback
-    from slimfit.scheduler.callbacks import STATE_FILE
+    from slimfit.integrations.trainer import STATE_FILE
 
     class Check(TrainerCallback):
         """Runs before SlimFitCallback: frozen weights unchanged over each optimizer step."""

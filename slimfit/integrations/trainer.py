@@ -24,8 +24,9 @@ without the file is an error; a Trainer checkpoint without it warns (the schedul
 
 Under DDP set ``TrainingArguments(ddp_find_unused_parameters=True)`` (see ``ddp.py``).
 
-This module imports ``transformers``; ``slimfit.scheduler`` exposes ``SlimFitCallback``
-lazily, so the scheduler itself works without transformers installed.
+This module imports ``transformers``, and the patch layer when ``config=`` asks for a patch; it sits at
+the edge (``slimfit.integrations``), above both the scheduler and the patch. ``slimfit.scheduler`` exposes
+``SlimFitCallback`` lazily, so the scheduler itself works without transformers installed.
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ from typing import Optional, Union
 import torch
 from transformers import TrainerCallback
 
-from .candidates import unwrap_model
-from .config import SchedulerConfig
-from .ils import ILSScheduler
+from ..config import SlimFitConfig
+from ..patching import patch
+from ..scheduler.candidates import unwrap_model
+from ..scheduler.config import SchedulerConfig
+from ..scheduler.ils import ILSScheduler
 
 __all__ = ["SlimFitCallback", "STATE_FILE"]
 
@@ -52,8 +55,6 @@ def _check_patch_config(config) -> None:
     if isinstance(config, SchedulerConfig):
         raise TypeError("config= is the SlimFitConfig that patches the model; pass a SchedulerConfig as "
                         "SlimFitCallback(scheduler=SchedulerConfig(...))")
-    from slimfit.config import SlimFitConfig  # the patch layer, only when a patch is asked for
-
     if not isinstance(config, SlimFitConfig):
         raise TypeError(f"config must be a slimfit.SlimFitConfig, got {type(config).__name__}")
 
@@ -91,10 +92,6 @@ class SlimFitCallback(TrainerCallback):
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         if self.config is not None and model is not None:
-            # The one place the scheduler package reaches up to the patch layer: the Trainer
-            # integration does both jobs, and only when asked to (config=).
-            from slimfit.patching import patch
-
             patch(unwrap_model(model), self.config)
         return control
 
