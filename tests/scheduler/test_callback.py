@@ -65,8 +65,8 @@ def _trainer(tmp, callbacks, max_steps=4):
 def test_trainer_callback_steps_freezes_and_resumes(tmp_path):
     from transformers import TrainerCallback
 
-    from slimfit.scheduler import SlimFitCallback
     from slimfit.integrations.trainer import STATE_FILE
+    from slimfit.scheduler import SlimFitCallback
 
     class Check(TrainerCallback):
         """Runs before SlimFitCallback: frozen weights unchanged over each optimizer step."""
