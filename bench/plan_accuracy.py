@@ -34,7 +34,7 @@ import torch
 
 from bench import _measure, _results, _timing
 from slimfit import architectures as archs
-from slimfit.demo.finetune import quiet_transformers
+from slimfit.training.finetune import quiet_transformers
 
 NAME = "plan_accuracy"
 KEY = ("model", "batch", "seq", "image", "dtype", "preset", "rate", "lora", "ckpt", "attn", "frozen")
@@ -49,7 +49,7 @@ def qwen_ref(layers: int = 4):
     """Qwen2.5-0.5B's layout (hidden 896, 14/2 heads, FFN 4864, vocabulary 151,936, tied) cut to `layers`."""
     import transformers
 
-    from slimfit.plan.models import ModelRef
+    from slimfit.memory.models import ModelRef
 
     config = transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                                       num_hidden_layers=layers, num_attention_heads=14, num_key_value_heads=2,
@@ -269,8 +269,8 @@ def spearman(a: list[float], b: list[float]) -> float:
 def time_check(entries) -> list[list]:
     """One thread's CPU time of each configuration's step (median of 3 after one, time.process_time: a busy
     shared machine does not inflate it) beside slimfit/plan/cost.py's estimate; rank correlation per model."""
+    from slimfit.memory.plan.step import run_step
     from slimfit.plan import StepSpec, open_step, predict
-    from slimfit.plan.step import run_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

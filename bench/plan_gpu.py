@@ -70,8 +70,8 @@ def _cases() -> list[tuple[str, dict, dict]]:
 
 
 def _predict(spec: dict) -> float:
-    from slimfit.plan.predict import predict
-    from slimfit.plan.spec import StepSpec
+    from slimfit.memory.plan.predict import predict
+    from slimfit.memory.plan.spec import StepSpec
 
     return predict(StepSpec(device="cuda", **spec)).total / 2**20
 

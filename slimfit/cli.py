@@ -1,6 +1,6 @@
 """The `slimfit` command: `demo` (plain vs slimfit fine-tuning), `memory` (saved-activation report of an
-architecture), `plan` (a step's peak memory predicted before the run; slimfit/plan/cli.py), `env` (versions,
-backends, devices)."""
+architecture), `plan` (a step's peak memory predicted before the run; both in slimfit/memory/cli.py), `env`
+(versions, backends, devices)."""
 from __future__ import annotations
 
 import argparse
@@ -71,17 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(demo)
     demo.set_defaults(func=run)
-    mem = sub.add_parser("memory", help="per-module saved-activation report of an architecture, plain vs a preset")
-    from . import memory_cli
+    from .memory.cli import COMMANDS
 
-    memory_cli.add_arguments(mem)
-    mem.set_defaults(func=memory_cli.run)
-    plan = sub.add_parser("plan", help="predict a training step's peak memory before the run; --fit: the fastest "
-                          "configuration under a budget")
-    from .plan import cli as plan_cli
-
-    plan_cli.add_arguments(plan)
-    plan.set_defaults(func=plan_cli.run)
+    for command in COMMANDS:  # `slimfit memory` and `slimfit plan`: one flag vocabulary (slimfit/memory/cli.py)
+        command_parser = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(func=command.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

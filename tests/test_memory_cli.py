@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from slimfit import memory_cli  # noqa: E402
+from slimfit.memory.cli import MEMORY as memory_cli  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

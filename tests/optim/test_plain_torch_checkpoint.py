@@ -8,11 +8,11 @@ import pytest
 import torch
 from _optim_models import build, data, loss_of, train, weights
 
+from slimfit.memory.peak import _Tracker
 from slimfit.optim import checkpoint as ckpt
 from slimfit.optim import codec, held_state_dict, restore_state, set_checkpoint_format
 from slimfit.optim.keys import HOST, Q8
 from slimfit.scheduler import ILSScheduler
-from slimfit.step_memory import _Tracker
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

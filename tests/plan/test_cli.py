@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from slimfit import cli
-from slimfit.plan.cli import parse_bytes
+from slimfit.memory.units import parse_bytes
 
 
 def test_plan_prints_the_peak_and_its_parts(capsys):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from slimfit.memory.plan.search import candidates, fit
 from slimfit.plan import StepSpec, measure, predict
-from slimfit.plan.search import candidates, fit
 
 BASE = StepSpec("bert-tiny", batch=4, seq=64)
 
@@ -75,8 +75,8 @@ def test_estimates_of_a_tied_embedding_decoder_stay_positive():
     """SmolLM2 ties its LM head to the embedding, which the scheduler schedules: frozen at the rate, it was
     subtracted from every frozen layer's increment, so the estimated times and resident bytes of its rate
     configurations came out negative and --fit ranked them first."""
-    from slimfit.plan.models import resolve_model
-    from slimfit.plan.search import estimate
+    from slimfit.memory.models import resolve_model
+    from slimfit.memory.plan.search import estimate
 
     base = StepSpec("smollm2-135m", batch=1, seq=64, preset="paper", rate=0.9, frozen_state=None)
     specs = [base, base.replace(frozen_state="compress"), base.replace(rate=0.0)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from slimfit.memory.plan.code import render
 from slimfit.plan import StepSpec, measure, predict
-from slimfit.plan.code import render
 
 SPEC = StepSpec("bert-tiny", batch=4, seq=64, preset="paper", rate=0.5, frozen_state=None)
 

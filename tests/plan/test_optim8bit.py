@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimfit.plan.optim8bit import FakeAdamW8bit, available
+from slimfit.memory.plan.optim8bit import FakeAdamW8bit, available
 
 
 def _bytes(obj) -> int:

@@ -4,7 +4,7 @@ base_bytes + sum(bytes of the trained layers) <= budget_bytes at every step (sli
     budget = scheduler_budget(StepSpec("bert-base", batch=8, seq=256, preset="paper", rate=0.7), 20 * 2**30)
     scheduler = ILSScheduler(model, freeze_rate=0.7, optimizer=optimizer, **budget)
 
-base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, slimfit.plan.predict),
+base_bytes: the predicted step peak with every scheduled layer frozen (fake tensors, fakerun.py),
 their optimizer state held as the scheduler holds a frozen layer's (its frozen_state: 8-bit by default).
 A layer's bytes: what training it can add to the peak, each counted whole although they peak at different
 times: its gradient, the scheduler's snapshot of its weight, its input at full precision (what a
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 
-from .models import ModelRef, resolve_model
+from ..models import ModelRef, resolve_model
+from .fakerun import predict_step
 from .spec import StepSpec
+from .step import open_step
 
 __all__ = ["layer_bytes", "scheduler_budget", "rate_bound"]
 
@@ -31,8 +33,8 @@ def _held_growth(optimizer, p) -> int:
     does; a trained layer has it in full); 0 when none is held (or the host copy is on the same device)."""
     import torch
 
-    from ..optim.codec import code_of, encoded_nbytes
-    from ..optim.keys import held_key
+    from ...optim.codec import code_of, encoded_nbytes
+    from ...optim.keys import held_key
 
     grow = 0
     for key, value in (optimizer.state.get(p) or {}).items():
@@ -49,9 +51,8 @@ def layer_bytes(spec: StepSpec, ref: ModelRef | None = None) -> dict[str, int]:
     grows by in full} for the spec's model and batch (computed on fake tensors)."""
     import torch
 
-    from ..scheduler import estimate_activation_bytes
+    from ...scheduler import estimate_activation_bytes
     from .fake import PlanMode, new_fake_mode
-    from .step import open_step
 
     ref = ref or resolve_model(spec.model, spec.task)
     fake = new_fake_mode()
@@ -66,27 +67,24 @@ def layer_bytes(spec: StepSpec, ref: ModelRef | None = None) -> dict[str, int]:
 def scheduler_budget(spec: StepSpec, budget_bytes: float, ref: ModelRef | None = None) -> dict:
     """The keyword arguments of ILSScheduler's budget mode for the spec's step under `budget_bytes`:
     budget_bytes, activation_bytes (per layer, layer_bytes) and base_bytes (the all-frozen peak)."""
-    from .predict import predict
-
     if not spec.rate:
         raise ValueError("scheduler_budget: the spec has no freeze rate, so no scheduler to give a budget")
     ref = ref or resolve_model(spec.model, spec.task)
-    base = predict(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
+    base = predict_step(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
     return {"budget_bytes": float(budget_bytes), "activation_bytes": layer_bytes(spec, ref), "base_bytes": float(base)}
 
 
 def rate_bound(spec: StepSpec, ref: ModelRef | None = None) -> int:
     """An upper bound on the step peak of any frozen set the scheduler can choose at the spec's rate (a rate
-    step's peak moves with its trained set; slimfit.plan.predict gives the first set's): the all-frozen
+    step's peak moves with its trained set; predict gives the first set's): the all-frozen
     peak plus the bytes of the largest layers, as many as train in a step (the same per-layer bounds as the
     budget mode's). Under budget mode (budget_bytes), the budget itself bounds every step."""
-    from ..scheduler.selection import num_frozen
-    from .predict import predict
+    from ...scheduler.selection import num_frozen
 
     if not spec.rate:
         raise ValueError("rate_bound: the spec has no freeze rate, so every step trains the same layers")
     ref = ref or resolve_model(spec.model, spec.task)
-    base = predict(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
+    base = predict_step(spec.replace(budget_bytes=None), ref=ref, freeze_all=True).total
     per_layer = sorted(layer_bytes(spec, ref).values(), reverse=True)
     trained = len(per_layer) - num_frozen(spec.rate, len(per_layer))
     return base + sum(per_layer[:trained])

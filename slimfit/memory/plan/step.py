@@ -1,8 +1,9 @@
 """The training step a plan is about, built one way for both the prediction and the measurement.
 
-    with open_step(spec) as step:               # real tensors: bench/plan_accuracy.py measures this
+    with open_step(spec) as step:               # real tensors: predict.py's measure, bench/plan_accuracy.py
         run = measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step)
-    with fake_mode, open_step(spec, fake=fake_mode) as step: ...   # fake tensors: slimfit/plan/predict.py
+    with fake_mode, open_step(spec, fake=fake_mode) as step: ...   # fake tensors: fakerun.py
+    with open_step(spec, budget=scheduler_budget(...)) as step: ... # the scheduler's budget mode (budget.py)
 
 The step is the one of a run in its steady state, as a user writes it:
   1. the model from its config (random weights), train mode, dropout on; gradient checkpointing of every
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
-from .. import architectures as archs
-from .models import ModelRef, build_model, make_batch, resolve_model
+from .. import runs
+from ..models import CAUSAL_LM, IMAGE_CLS, ModelRef, build_model, make_batch, resolve_model
 from .spec import StepSpec
 
-__all__ = ["Step", "open_step", "measure", "lora_targets", "check_spec"]
+__all__ = ["Step", "open_step", "run_step", "lora_targets", "check_spec"]
 
 LORA_FALLBACK_TARGETS = ("query", "value", "q_proj", "v_proj", "q_lin", "v_lin")
 
@@ -35,7 +36,7 @@ LORA_FALLBACK_TARGETS = ("query", "value", "q_proj", "v_proj", "q_lin", "v_lin")
 @dataclasses.dataclass
 class Step:
     """A built step: call `forward()` for the output (autocast inside), then the loss's backward, the
-    optimizer's step, zero_grad and `after_step()`; slimfit.step_memory.measure_step does exactly that."""
+    optimizer's step, zero_grad and `after_step()`; slimfit.memory.measure_step does exactly that."""
 
     spec: StepSpec
     ref: ModelRef
@@ -55,7 +56,7 @@ class Step:
 
     def forward(self):
         """The model's output on the batch, under bf16 autocast when the spec asks for it."""
-        with archs.autocast_context(self.spec.dtype, self.run_device):
+        with runs.autocast_context(self.spec.dtype, self.run_device):
             return self.model(**self.inputs)
 
     def after_step(self) -> None:
@@ -66,7 +67,7 @@ class Step:
 
 def check_spec(spec: StepSpec, ref: ModelRef) -> None:
     """ValueError for a spec the model cannot run (a text model without seq, an image size with text...)."""
-    if ref.task == archs.IMAGE_CLS:
+    if ref.task == IMAGE_CLS:
         if spec.seq is not None:
             raise ValueError(f"{ref.name} is a vision model: give image_size (pixels), not seq")
     elif spec.seq is None:
@@ -96,9 +97,9 @@ def lora_targets(model, ref: ModelRef) -> list[str]:
 
 def lora_heads(model, ref: ModelRef) -> list[str]:
     """The modules a LoRA run trains in full: a classifier's fresh head (none for a causal LM)."""
-    from ..scheduler.candidates import find_task_heads
+    from ...scheduler.candidates import find_task_heads
 
-    return list(find_task_heads(model)) if ref.task != archs.CAUSAL_LM else []
+    return list(find_task_heads(model)) if ref.task != CAUSAL_LM else []
 
 
 def _add_lora(model, ref: ModelRef, rank: int):
@@ -133,7 +134,7 @@ def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
 
 def _optimizer(spec: StepSpec, model, fake: bool = False):
     """AdamW (lr 0) over the parameters that ever train, state made beforehand (8-bit: torchao's, or its
-    stand-in in a fake run, slimfit/plan/optim8bit.py)."""
+    stand-in in a fake run, optim8bit.py)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -143,24 +144,20 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
         optimizer = FakeAdamW8bit(params) if fake else make(params)
     else:
         optimizer = torch.optim.AdamW(params, lr=0.0, foreach=spec.device == "cuda")
-    archs.prime_optimizer(optimizer)
+    runs.prime_optimizer(optimizer)
     return optimizer
 
 
-def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool = False, fake: bool = False):
+def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all: bool = False, fake: bool = False):
     """(ILSScheduler at the spec's rate, attached, its first frozen set applied, or None without a rate; the
-    names of the layers it schedules). spec.budget_bytes: the scheduler in budget mode, with the per-layer
-    bytes of slimfit/plan/budget.py. freeze_all: no scheduler; every layer it would schedule is frozen (the
+    names of the layers it schedules). budget: the keyword arguments of the scheduler's budget mode (the
+    caller's budget.scheduler_budget). freeze_all: no scheduler; every layer it would schedule is frozen (the
     base of a budget)."""
     if not spec.rate:
         return None, ()
-    from ..scheduler import ILSScheduler
+    from ...scheduler import ILSScheduler
 
-    options = {}
-    if spec.budget_bytes is not None and not freeze_all:
-        from .budget import scheduler_budget
-
-        options = scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes, ref=ref)
+    options = {} if freeze_all else dict(budget or {})
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
     off_device = fake and spec.held_state == "offload" and spec.device == "cuda"
     mode = spec.held_state
@@ -174,9 +171,9 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
         transfer = OffDeviceHost()
     if freeze_all:
         scheduler.close()
-        archs.set_frozen(model, names)
+        runs.set_frozen(model, names)
         if mode is not None:  # their state held as the scheduler would hold it (budget.py's base)
-            from ..optim import FrozenState
+            from ...optim import FrozenState
 
             params = dict(model.named_parameters())
             held = "compress" if mode == "compress_all" else mode
@@ -185,7 +182,7 @@ def _scheduler(spec: StepSpec, model, optimizer, ref: ModelRef, freeze_all: bool
         return None, names
     scheduler.attach_optimizer(optimizer)
     if off_device:  # what SchedulerConfig.frozen_state="offload" attaches, with the off-device host
-        from ..optim import FrozenState
+        from ...optim import FrozenState
 
         FrozenState(optimizer, mode, seed=scheduler.run_seed % 2**62, transfer=transfer).attach(scheduler)
     scheduler.apply()
@@ -206,13 +203,19 @@ def _building(fake):
 
 
 @contextlib.contextmanager
-def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all: bool = False):
+def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all: bool = False,
+              budget: dict | None = None):
     """The spec's step, built (under `fake`, a FakeTensorMode, its tensors are fake: nothing allocated).
-    freeze_all: every layer the scheduler would schedule frozen, no scheduler (slimfit/plan/budget.py)."""
+    freeze_all: every layer the scheduler would schedule frozen, no scheduler (budget.py's base). budget: with
+    spec.budget_bytes, the scheduler's budget-mode arguments, computed by the caller (budget.scheduler_budget):
+    the step builder does not plan, so the plan's modules import one way only."""
     import torch
 
     ref = ref or resolve_model(spec.model, spec.task)
     check_spec(spec, ref)
+    if spec.budget_bytes is not None and budget is None and not freeze_all:
+        raise ValueError("open_step: the spec asks for the scheduler's budget mode (budget_bytes); pass "
+                         "budget=slimfit.plan.scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes)")
     with _building(fake):
         model = _build(spec, ref, fake=fake is not None)
         optimizer = _optimizer(spec, model, fake=fake is not None)
@@ -222,7 +225,7 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
     inputs = {k: v.to(run_device) for k, v in make_batch(model, ref, spec.batch, spec.seq, spec.image_size,
                                                          spec.seed).items()}
     # outside the fake mode: the scheduler's bookkeeping is real
-    scheduler, scheduled = _scheduler(spec, model, optimizer, ref, freeze_all, fake=fake is not None)
+    scheduler, scheduled = _scheduler(spec, model, optimizer, budget, freeze_all, fake=fake is not None)
     step = Step(spec, ref, model, inputs, optimizer, scheduler, scheduled=scheduled, run_device=run_device)
     if spec.lora:
         base = model.get_base_model()
@@ -239,21 +242,6 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
         del step, model, optimizer, scheduler
         if torch.cuda.is_available() and spec.device == "cuda":
             torch.cuda.empty_cache()
-
-
-def measure(spec: StepSpec, warmup_steps: int = 0, ref: ModelRef | None = None,
-            on_step: Callable[[Step], None] | None = None):
-    """The spec's step run for real and measured (slimfit.step_memory.StepMemory): the ground truth a
-    prediction is compared with. warmup_steps whole steps run first (CUDA: allocator, cuBLAS)."""
-    from .. import step_memory
-
-    with open_step(spec, ref=ref) as step:
-        if on_step is not None:
-            on_step(step)
-        for _ in range(warmup_steps):
-            run_step(step)
-        return step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step,
-                                        name=spec.label())
 
 
 def run_step(step: Step) -> None:

@@ -1,7 +1,7 @@
 """Running a whole training step on fake tensors: every op's output shapes, dtypes and storages are
 computed (torch's FakeTensorMode, the meta kernels torch.compile traces with) and no data is allocated.
 
-slimfit.step_memory's tracker counts tensor storages at op boundaries; a fake storage has the same size
+slimfit.memory.measure_step's tracker counts tensor storages at op boundaries; a fake storage has the same size
 as the real one, so the tracker run over a fake step sees the bytes the real step allocates and frees, in
 the same order. Where a fake run would go another way than the real one, `PlanMode` (a dispatch mode
 between the tracker and the fake mode) keeps it on the real path:
@@ -161,7 +161,7 @@ def cuda_fused_kernel(q, k, v, attn_mask, dropout_p, is_causal):
     """slimfit's fused attention kernel choice (autograd.fused_attention.fused_kernel) as on a Hopper/Ampere
     GPU: flash attention for fp16/bf16 without a mask, else the memory-efficient kernel (K/V expanded for
     grouped queries, as slimfit's CUDA path does); head dims the kernels take unpadded only."""
-    from ..autograd.fused_attention import fusable
+    from ...autograd.fused_attention import fusable
 
     if not fusable(q, k, v, attn_mask, is_causal) or q.shape[-1] % 8 or v.shape[-1] % 8:
         return None

@@ -1,7 +1,7 @@
-"""The prediction: the spec's whole training step run on fake tensors under slimfit.step_memory's tracker.
+"""The spec's whole training step run on fake tensors under slimfit.memory.measure_step's tracker: the
+prediction's engine (predict.py is the entry point, which first computes the scheduler's budget).
 
-    p = predict(StepSpec("bert-base", batch=8, seq=256, preset="paper", rate=0.7))
-    p.total, p.parts(), p.peak_phase                    # bytes; what the peak is made of; where it is
+    p = predict_step(spec, budget=None)     # a Prediction: p.total, p.parts(), p.peak_phase
 
 Why fake tensors rather than fitting small measured runs: the peak of a step is a maximum over time of
 a sum of storages, whose composition changes with the configuration (the optimizer step's peak for a
@@ -24,14 +24,14 @@ import contextlib
 import dataclasses
 import time
 
-from .. import step_memory
+from .. import peak
+from ..models import ModelRef, resolve_model
 from .cost import CostCounter
 from .fake import PlanMode, cuda_attention_backends, new_fake_mode
-from .models import ModelRef, resolve_model
 from .spec import StepSpec
 from .step import Step, open_step
 
-__all__ = ["Prediction", "predict", "SCHEDULER_RUN_NUMEL"]
+__all__ = ["Prediction", "predict_step", "SCHEDULER_RUN_NUMEL"]
 
 SCHEDULER_RUN_NUMEL = 1 << 21
 
@@ -41,7 +41,7 @@ class Prediction:
     """The predicted step peak (bytes) with its parts at the peak, counts of the step and its cost."""
 
     spec: StepSpec
-    memory: step_memory.StepMemory
+    memory: peak.StepMemory
     params: int = 0
     optimized: int = 0
     trained: int = 0
@@ -71,7 +71,7 @@ class Prediction:
         return self.memory.parts()
 
     def step_time(self, device: str | None = None) -> float:
-        """Estimated seconds of one step on the device (slimfit/plan/cost.py's model)."""
+        """Estimated seconds of one step on the device (cost.py's model)."""
         from .cost import step_seconds
 
         return step_seconds(self.flops, self.bytes_moved, self.ops, device or self.spec.device, self.spec.dtype)
@@ -127,9 +127,11 @@ def _numbers_in_optimizer_steps(mode: PlanMode):
             h.remove()
 
 
-def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = False) -> Prediction:
+def predict_step(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = False,
+                 budget: dict | None = None) -> Prediction:
     """Predict the whole step's peak memory of `spec` without allocating it (fake tensors). freeze_all: with
-    every layer the scheduler would schedule frozen (the base of a budget, slimfit/plan/budget.py)."""
+    every layer the scheduler would schedule frozen (the base of a budget, budget.py); budget: the scheduler's
+    budget-mode arguments when the spec has budget_bytes (open_step's)."""
     import torch
 
     start = time.perf_counter()
@@ -137,14 +139,15 @@ def predict(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool = Fals
     fake = new_fake_mode()
     cost = CostCounter()
     # the caller's random state is left as it was (the build and the step are seeded)
-    with torch.random.fork_rng(devices=[]), open_step(spec, fake=fake, ref=ref, freeze_all=freeze_all) as step:
+    opened = open_step(spec, fake=fake, ref=ref, freeze_all=freeze_all, budget=budget)
+    with torch.random.fork_rng(devices=[]), opened as step:
         torch.manual_seed(spec.seed)
         backends = cuda_attention_backends() if spec.device == "cuda" else contextlib.nullcontext()
         with fake, backends, PlanMode(numbers=False, on_op=cost.add) as mode, _numbers_in_optimizer_steps(mode):
             after = _after_step(step, mode)
             cost.active = True
-            memory = step_memory.measure_step(step.model, step.forward, step.optimizer, after_step=after,
-                                              name=spec.label())
+            memory = peak.measure_step(step.model, step.forward, step.optimizer, after_step=after,
+                                       name=spec.label())
         counts = dict(params=step.params, optimized=step.optimized, trained=step.trained, layers=step.layers,
                       frozen_layers=step.frozen_layers, checks_answered=mode.answered,
                       lora_targets=step.lora_targets, lora_heads=step.lora_heads)

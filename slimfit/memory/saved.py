@@ -1,5 +1,6 @@
 """Saved-activation accounting: how many bytes autograd keeps for backward, and who saved them.
 
+    from slimfit.memory import measure, report
     run = measure(model, **batch)              # one forward + backward (batch with labels, or loss_fn=)
     run.total, run.per_module["encoder.0.ffn"]
     print(report(run, baseline=plain_run))     # table: module, bytes, share, vs baseline
@@ -21,6 +22,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
+
+from .loss import training_loss
+from .units import format_bytes
 
 __all__ = ["SavedMemory", "measure", "report", "saved_bytes"]
 
@@ -92,56 +96,9 @@ def _owned_tensors(objs) -> Iterable[torch.Tensor]:
             yield obj
 
 
-def _describe(out) -> str:
-    """A few words on what a forward returned, for an error message."""
-    if isinstance(out, torch.Tensor):
-        return f"a tensor of shape {tuple(out.shape)}"
-    if isinstance(out, (list, tuple)):
-        return f"a {type(out).__name__} of {len(out)} items"
-    if isinstance(out, dict):
-        return f"a {type(out).__name__} with keys {list(out)[:6]}"
-    return f"a {type(out).__name__}"
-
-
 _FIX = ("pass the labels so the model computes its own loss (its bytes counted), loss_fn=<output -> scalar "
         "loss> (e.g. loss_fn=lambda out: F.cross_entropy(out[0], target); it runs after the measured forward, "
         "its own bytes not counted), or backward=False to measure the forward alone")
-
-
-def _training_loss(out, loss_fn: Callable | None) -> torch.Tensor:
-    """The scalar loss the measured step runs backward on: `loss_fn(out)`, else the output's own
-    `loss` (a Hugging Face output), else the output itself when it is a one-element tensor.
-
-    Anything else is refused (ValueError) rather than made up: backward would run on a sum of outputs
-    no training step computes, and the bytes the real loss keeps (a cross-entropy keeps its
-    probabilities, as large as the logits) would be missing from a number reported as a training step.
-    A loss that does not require grad is refused too: such a step has no backward (PyTorch's own
-    loss.backward() raises)."""
-    if loss_fn is not None:
-        loss, what = loss_fn(out), "loss_fn(output)"
-    elif hasattr(out, "loss") or (isinstance(out, dict) and "loss" in out):
-        loss = out["loss"] if isinstance(out, dict) and "loss" in out else out.loss
-        what = "output.loss"
-        if loss is None:
-            raise ValueError(
-                "slimfit.memory.measure: output.loss is None: the model computed no loss (a Hugging Face "
-                "model called without labels), so backward cannot run and the bytes its loss keeps are "
-                f"not counted; {_FIX}")
-    elif isinstance(out, torch.Tensor) and out.numel() == 1:
-        loss, what = out, "the output"
-    else:
-        raise ValueError(
-            f"slimfit.memory.measure: the output ({_describe(out)}) has no loss to run backward on, and "
-            f"summing the outputs would make one up (the bytes the real loss keeps would be missing); {_FIX}")
-    if not isinstance(loss, torch.Tensor) or not loss.is_floating_point() or loss.numel() != 1:
-        raise ValueError(f"slimfit.memory.measure: {what} must be a one-element floating tensor (the loss), "
-                         f"got {_describe(loss)}; {_FIX}")
-    if not loss.requires_grad:
-        raise ValueError(
-            f"slimfit.memory.measure: {what} does not require grad (nothing in the measured step trains, or "
-            "it ran under torch.no_grad), so there is no backward to run; make a parameter or an input "
-            "require grad, or pass backward=False to measure the forward alone")
-    return loss
 
 
 def _refuse_meta(owners, args, kwargs) -> None:
@@ -285,7 +242,7 @@ def measure(
         for h in handles:
             h.remove()
     if backward:
-        _backward_leaving_no_grad(_training_loss(out, loss_fn))
+        _backward_leaving_no_grad(training_loss(out, loss_fn, who="slimfit.memory.measure", fix=_FIX))
     del out
     counter.keep_alive.clear()
     return counter.result
@@ -294,15 +251,6 @@ def measure(
 def saved_bytes(fn: Callable, *args, **kwargs) -> int:
     """Total bytes autograd saves for backward in one forward of fn(*args, **kwargs)."""
     return measure(fn, *args, backward=False, **kwargs).total
-
-
-def _fmt(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 def report(run: SavedMemory, baseline: SavedMemory | None = None) -> str:
@@ -322,14 +270,14 @@ def report(run: SavedMemory, baseline: SavedMemory | None = None) -> str:
 
     for name in names:
         b = run.per_module.get(name, 0)
-        row = [name, _fmt(b), f"{100.0 * b / run.total:.1f}%" if run.total else "-"]
+        row = [name, format_bytes(b), f"{100.0 * b / run.total:.1f}%" if run.total else "-"]
         if baseline is not None:
             bb = baseline.per_module.get(name, 0)
-            row += [_fmt(bb), ratio(bb, b)]
+            row += [format_bytes(bb), ratio(bb, b)]
         rows.append(row)
-    total = ["total", _fmt(run.total), "100.0%" if run.total else "-"]
+    total = ["total", format_bytes(run.total), "100.0%" if run.total else "-"]
     if baseline is not None:
-        total += [_fmt(baseline.total), ratio(baseline.total, run.total)]
+        total += [format_bytes(baseline.total), ratio(baseline.total, run.total)]
     widths = [max(len(str(r[i])) for r in [header, total] + rows) for i in range(len(header))]
 
     def line(cells):
@@ -340,5 +288,5 @@ def report(run: SavedMemory, baseline: SavedMemory | None = None) -> str:
     sep = "  ".join("-" * w for w in widths)
     out = [line(header), sep] + [line(r) for r in rows] + [sep, line(total)]
     if run.excluded or (baseline is not None and baseline.excluded):
-        out.append(f"(parameters and buffers not counted: {_fmt(run.excluded)})")
+        out.append(f"(parameters and buffers not counted: {format_bytes(run.excluded)})")
     return "\n".join(out)

@@ -1,18 +1,18 @@
 """One training configuration to plan: the model, the batch, and every choice that changes the step's memory.
 
 A StepSpec is what `slimfit plan` predicts and what bench/plan_accuracy.py measures: both build the same
-step from it (slimfit/plan/step.py), so a prediction and its measurement differ only in how they run it.
+step from it (slimfit/memory/plan/step.py), so a prediction and its measurement differ only in how they run it.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from .. import architectures as archs
+from .. import models
 
 __all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES"]
 
-PRESETS = ("none", "exact", "paper", "aggressive")
+PRESETS = ("none", "exact", "paper", "aggressive", "wta_crs")   # none: plain PyTorch; the rest SlimFitConfig's
 OPTIMIZERS = ("adamw", "adamw8bit")
 DTYPES = ("fp32", "bf16")
 FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # SchedulerConfig.frozen_state's values
@@ -26,7 +26,7 @@ class StepSpec:
     batch, seq     batch size and tokens per sequence (text); vision models take image_size (None: the config's)
     dtype          fp32, or bf16 autocast (weights stay fp32, as with torch.autocast)
     optimizer      adamw (torch.optim.AdamW) or adamw8bit (torchao's AdamW8bit, when installed)
-    preset         none (plain PyTorch) or a SlimFitConfig preset applied with slimfit.patch
+    preset         none (plain PyTorch) or a SlimFitConfig preset applied with slimfit.patch (PRESETS)
     rate           ILSScheduler's freeze rate (0: no scheduler, every weight trains)
     lora           LoRA rank (peft; its default target modules for the family), None: full fine-tuning
     checkpointing  gradient checkpointing of every layer (use_reentrant=False)
@@ -112,11 +112,9 @@ class StepSpec:
     @property
     def model_name(self) -> str:
         """The model's name for tables and labels (the architecture name, the path, or the config's type)."""
-        from .models import ModelRef
-
         if isinstance(self.model, str):
             return self.model
-        if isinstance(self.model, (ModelRef, archs.Architecture)):
+        if isinstance(self.model, (models.ModelRef, models.Architecture)):
             return self.model.name
         return getattr(self.model, "name_or_path", "") or getattr(self.model, "model_type", "config")
 

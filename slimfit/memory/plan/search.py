@@ -22,13 +22,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from ..models import ModelRef, resolve_model
 from .cost import step_seconds
-from .models import ModelRef, resolve_model
-from .predict import Prediction, predict
-from .spec import PRESETS, StepSpec
+from .fakerun import Prediction
+from .predict import predict
+from .spec import StepSpec
 
-__all__ = ["Candidate", "FitResult", "candidates", "fit", "RATES", "LORA_RANK"]
+__all__ = ["Candidate", "FitResult", "candidates", "fit", "PRESETS", "RATES", "LORA_RANK"]
 
+PRESETS = ("none", "exact", "paper", "aggressive")   # searched; wta_crs (sampled gradients) is a choice of accuracy
 RATES = (0.0, 0.5, 0.7, 0.9)
 LORA_RANK = 8
 

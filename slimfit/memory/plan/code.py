@@ -1,11 +1,10 @@
-"""A planned configuration as the code a user pastes: the same step slimfit/plan/step.py builds and the
+"""A planned configuration as the code a user pastes: the same step slimfit/memory/plan/step.py builds and the
 prediction is about (checkpointing, then LoRA, then slimfit.patch; AdamW over the parameters that ever train;
 the scheduler attached to it)."""
 from __future__ import annotations
 
-from .. import architectures as archs
-from .models import ModelRef, resolve_model
-from .predict import Prediction
+from ..models import CAUSAL_LM, IMAGE_CLS, ModelRef, resolve_model
+from .fakerun import Prediction
 from .spec import StepSpec
 
 __all__ = ["render"]
@@ -13,7 +12,7 @@ __all__ = ["render"]
 
 def _model_lines(spec: StepSpec, ref: ModelRef) -> list[str]:
     """The model's lines: the user's model, its attention and gradient checkpointing."""
-    cls = ref.model_class or {archs.CAUSAL_LM: "AutoModelForCausalLM", archs.IMAGE_CLS:
+    cls = ref.model_class or {CAUSAL_LM: "AutoModelForCausalLM", IMAGE_CLS:
                                "AutoModelForImageClassification"}.get(ref.task, "AutoModelForSequenceClassification")
     lines = [f"model = ...  # your {cls} ({ref.name}), in train mode"]
     if spec.attn != "sdpa":

@@ -4,7 +4,7 @@ stand-in for predictions.
 torchao keeps each moment of a parameter of at least 4096 elements (and a multiple of the 256-element block)
 as an OptimState8bit: codes (1 byte per element), one fp32 scale per block and its own 256-entry fp32
 lookup table; smaller parameters keep fp32 moments; every parameter has a 0-d fp32 step. Its step is
-compiled per parameter (torch.compile), which slimfit.step_memory's tracker cannot see into, and its state
+compiled per parameter (torch.compile), which slimfit.memory.measure_step's tracker cannot see into, and its state
 is a tensor subclass whose storages the tracker cannot reach: a measured step would miss both. So the
 prediction does not run torchao on fake tensors; `FakeAdamW8bit` holds fake tensors of exactly that
 state (tests/plan check the bytes against torchao's own state) and its step allocates, one parameter at
