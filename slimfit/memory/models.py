@@ -73,7 +73,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("llama-small", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
                  dict(vocab_size=8000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096),
-                 "Llama layout, small: 4 layers, hidden 256, GQA 8/2 heads, vocab 8000 (issue 14's decoder, 10M)"),
+                 "Llama layout, small: 4 layers, hidden 256, GQA 8/2 heads, vocab 8000 (docs/decoders.md's decoder, "
+                 "10M)"),
     Architecture("tinyllama-1.1b", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
                  dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                       num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
@@ -184,7 +185,7 @@ class ModelRef:
     """A model to plan for: its config (a template, copied for every build), task and how it was found."""
 
     name: str
-    task: str                   # architectures.TEXT_CLS | CAUSAL_LM | IMAGE_CLS
+    task: str                   # TEXT_CLS | CAUSAL_LM | IMAGE_CLS
     config: Any                 # a transformers PretrainedConfig
     model_class: str = ""       # a transformers class name; "" = the task's Auto class
     source: str = "architecture"  # architecture | config | file | hub cache
@@ -208,7 +209,7 @@ def _task_of(config) -> str:
 
 
 def _from_architecture(arch: Architecture) -> ModelRef:
-    """The ModelRef of an architecture of slimfit.architectures (its config class with its overrides)."""
+    """The ModelRef of a reference architecture (its config class with its overrides)."""
     import transformers
 
     config = getattr(transformers, arch.config_class)(**arch.config)
@@ -297,6 +298,6 @@ def build_model(ref: ModelRef, *, attn: str = "sdpa", layers: int | None = None,
 
 
 def make_batch(model, ref: ModelRef, batch: int, seq: int | None, image_size: int | None, seed: int = 0) -> dict:
-    """A random batch with labels (architectures.make_inputs): token ids, an all-ones attention mask, labels;
+    """A random batch with labels (make_inputs): token ids, an all-ones attention mask, labels;
     or pixel values and labels."""
     return make_inputs(model, ref.task, batch, seq or 1, image_size, seed=seed)
