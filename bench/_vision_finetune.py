@@ -1,5 +1,5 @@
 """One fine-tuning run of an image classifier (DINOv2 ViT-S/14 on Fashion-MNIST), plain or with
-any method given as `prepare(model, seed) -> Prepared`; the image twin of slimfit.demo.finetune.finetune,
+any method given as `prepare(model, seed) -> Prepared`; the image twin of slimfit.training.finetune.finetune,
 used by bench/accuracy.py --task fashion_mnist."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from slimfit.demo.finetune import RunResult, _progress, prepare_preset, train_and_evaluate
+from slimfit.training.finetune import RunResult, _progress, prepare_preset, train_and_evaluate
 
 
 @torch.no_grad()

@@ -87,7 +87,7 @@ import torch
 from bench import _measure, _results
 from slimfit import SlimFitConfig
 from slimfit.demo import assets
-from slimfit.demo.finetune import Prepared, finetune, prepare_preset, quiet_transformers
+from slimfit.training.finetune import Prepared, finetune, prepare_preset, quiet_transformers
 
 DEFAULT_METHODS = "full,exact@0.9,paper@0.9,paper@0.5,aggressive@0.9,lora"
 TEXT_ONLY = ("adapters", "meft1", "meft2", "meft3")  # slimfit.reversible converts BERT-family and GPT-2 models
@@ -104,7 +104,7 @@ FEW_PARAMS_LR = 5e-4
 
 
 # ------------------------------------------------------------------ methods
-# The hyperparameters of the AdamW every method trains with (slimfit.demo.finetune._adamw: torch's defaults and
+# The hyperparameters of the AdamW every method trains with (slimfit.training.finetune._adamw: torch's defaults and
 # weight decay 0.01), said explicitly for the methods that bring an optimizer of their own.
 ADAMW_HYPER = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 BNB8 = "full+bnb8"   # full fine-tuning with bitsandbytes' AdamW8bit: a method of its own

@@ -117,7 +117,7 @@ def _scored(model, enc, test, measured: dict) -> float:
 
 def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> dict:
     from bench.accuracy import spec_optimizer
-    from slimfit.demo.finetune import prepare_preset, train_and_evaluate
+    from slimfit.training.finetune import prepare_preset, train_and_evaluate
 
     start = time.perf_counter()
     enc = encoder(tokenizer, args)

@@ -59,7 +59,7 @@ import slimfit
 from bench import _measure, _results, _timing
 from slimfit import architectures as archs
 from slimfit.config import SlimFitConfig
-from slimfit.demo.finetune import quiet_transformers
+from slimfit.training.finetune import quiet_transformers
 
 MiB = 2 ** 20
 FREEZE_RATE = 0.9

@@ -35,7 +35,7 @@ import torch
 
 from bench import _measure, _results
 from slimfit import SlimFitConfig
-from slimfit.demo.finetune import quiet_transformers
+from slimfit.training.finetune import quiet_transformers
 
 EXACT = SlimFitConfig.exact()
 # Eval mode has no attention dropout, so 'auto' would take PyTorch's fused kernel (P recomputed from

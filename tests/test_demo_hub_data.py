@@ -6,7 +6,7 @@ import types
 import pytest
 
 from slimfit.demo.assets import hub_dataset, load_data
-from slimfit.demo.finetune import count_labels
+from slimfit.training.finetune import count_labels
 
 
 class _Feature:

@@ -47,7 +47,7 @@ def test_demo_scheduler_flags(capsys):
 def test_sampled_saved_bytes_leave_training_unchanged():
     """Measuring saved bytes at points of the run (the frozen set changes every step) restores the RNG
     state: the same losses and accuracy as a run that does not measure."""
-    from slimfit.demo.finetune import finetune
+    from slimfit.training.finetune import finetune
 
     train, test = rotten_tomatoes(n_train=48, n_test=16)
     kw = dict(preset="aggressive", rate=0.7, steps=4, batch_size=8, lr=1e-4, seed=0, max_length=16,

@@ -155,7 +155,7 @@ def evaluate_decoder(model, enc: PromptEncoder, test, device="cpu", batch_size: 
                      progress: bool = True) -> float:
     """Share of `test` ((text, label) pairs) whose label's answer has the highest log-likelihood among the
     N answers (eval mode, no grad)."""
-    from .finetune import _progress
+    from ..training.finetune import _progress
 
     model.eval()
     correct = 0
@@ -170,7 +170,7 @@ def finetune_decoder(base_model, tokenizer, train, test, *, preset, rate: float,
                      lr: float, seed: int, max_length: int, device: str = "cpu", progress: bool = True):
     """One run from a copy of `base_model`: plain PyTorch (preset None) or slimfit `preset` + the
     scheduler at `rate`. Same seed, same batches. Returns a finetune.RunResult."""
-    from .finetune import prepare_preset, train_and_evaluate
+    from ..training.finetune import prepare_preset, train_and_evaluate
 
     enc = PromptEncoder(tokenizer, max_length)
     torch.manual_seed(seed)
@@ -197,7 +197,7 @@ def apply_defaults(args) -> None:
 
 def run(args, device: str) -> int:
     """The body of `slimfit demo --model smollm2` (flags already checked by main)."""
-    from .finetune import quiet_transformers
+    from ..training.finetune import quiet_transformers
     from .main import render
 
     apply_defaults(args)

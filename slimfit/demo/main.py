@@ -110,7 +110,7 @@ def _check_flags(args) -> str | None:
 def run(args) -> int:
     import torch
 
-    from .finetune import count_labels, finetune, quiet_transformers
+    from ..training.finetune import count_labels, finetune, quiet_transformers
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     quiet_transformers()

@@ -44,7 +44,7 @@ class Prepared:
 
 def prepare_preset(preset, rate: float, always_train=None, scheduler_options: dict | None = None,
                    label: str | None = None, optimizer: Callable | None = None) -> Callable:
-    """The demo's two methods: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
+    """The methods `slimfit demo` compares: plain PyTorch (preset None) or slimfit `preset` (a preset name or a
     SlimFitConfig) + the scheduler at `rate`
     (`always_train`: module names the scheduler leaves out and trains every step; None, the scheduler's
     default: the task head; () schedules it; `scheduler_options`: more ILSScheduler keywords, e.g. frozen_update

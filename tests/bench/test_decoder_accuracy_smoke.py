@@ -57,7 +57,7 @@ def _bitsandbytes_or_skip():
 
 
 def test_full_bnb8_is_full_fine_tuning_with_adamw8bit_at_the_loops_hyperparameters():
-    from slimfit.demo.finetune import _adamw
+    from slimfit.training.finetune import _adamw
 
     assert decoder_accuracy._method("full+bnb8") == (None, 0.0, {})
     assert accuracy.spec_optimizer("full") is None and accuracy.spec_optimizer("paper@0.7+q8all") is None
