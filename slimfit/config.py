@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ._json_config import load_json, save_json
+from ._config_base import ConfigBase, choice, flag, integer, read_version, real, refuse_unknown
 from .autograd._common import NORM_SAVES
 from .autograd.attention import PROBS_MODES
 from .autograd.wta_crs import SAMPLERS
@@ -27,24 +27,14 @@ _SAMPLE_NORMS = ("token", "sample")
 CONFIG_NAME = "slimfit_config.json"
 
 
+# The checks (slimfit/_config_base.py) are the scheduler's: each error names the field, the rule, the value
+# with its type, and a fix where one exists.
 def _check_bits(owner: str, name: str, value) -> None:
-    if isinstance(value, bool) or value not in _BITS:
-        raise ValueError(f"{owner}.{name} must be one of {_BITS}, got {value!r}")
-
-
-def _check_choice(owner: str, name: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}")
+    choice(owner, name, value, _BITS)
 
 
 def _check_fraction(owner: str, name: str, value, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < float(value) <= 1.0):
-        raise ValueError(f"{owner}.{name} must be a number in (0, 1] ({meaning}), got {value!r}")
-
-
-def _check_flag(owner: str, name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+    real(owner, name, value, f"a number in (0, 1] ({meaning})", lambda r: 0.0 < r <= 1.0, 0.1)
 
 
 @dataclass(frozen=True)
@@ -71,10 +61,10 @@ class AttentionSaving:
 
     def __post_init__(self):
         _check_bits("AttentionSaving", "qkv_bits", self.qkv_bits)
-        _check_choice("AttentionSaving", "probs", self.probs, _PROBS)
+        choice("AttentionSaving", "probs", self.probs, _PROBS)
         _check_fraction("AttentionSaving", "keep_ratio", self.keep_ratio, "the fraction of each row of P kept")
-        _check_flag("AttentionSaving", "dropout_on_v", self.dropout_on_v)
-        _check_choice("AttentionSaving", "path", self.path, ATTENTION_PATHS)
+        flag("AttentionSaving", "dropout_on_v", self.dropout_on_v)
+        choice("AttentionSaving", "path", self.path, ATTENTION_PATHS)
 
 
 @dataclass(frozen=True)
@@ -97,21 +87,19 @@ class LinearSampling:
     norms: str = "token"
 
     def __post_init__(self):
-        _check_choice("LinearSampling", "method", self.method, _SAMPLE_METHODS)
+        choice("LinearSampling", "method", self.method, _SAMPLE_METHODS)
         _check_fraction("LinearSampling", "ratio", self.ratio, "the fraction of token rows kept for the weight "
                         "gradient")
-        rows = self.min_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"LinearSampling.min_rows must be an int >= 1, got {rows!r}")
-        _check_choice("LinearSampling", "targets", self.targets, _SAMPLE_TARGETS)
-        _check_choice("LinearSampling", "norms", self.norms, _SAMPLE_NORMS)
+        integer("LinearSampling", "min_rows", self.min_rows, 1, "token rows kept at least", 10)
+        choice("LinearSampling", "targets", self.targets, _SAMPLE_TARGETS)
+        choice("LinearSampling", "norms", self.norms, _SAMPLE_NORMS)
 
 
 _PARTS = {"attention": AttentionSaving, "sampling": LinearSampling}
 # to_dict()'s "version": bumped when a saved field changes meaning; from_dict refuses versions it does not know.
 CONFIG_VERSION = 1
 @dataclass(frozen=True)
-class SlimFitConfig:
+class SlimFitConfig(ConfigBase):
     """Which activations slimfit compresses. Fields left at their defaults change nothing
     except the frozen fast path of linear layers, which is lossless.
 
@@ -160,6 +148,9 @@ class SlimFitConfig:
     sampling: LinearSampling | None = None
     lm_head_chunk_rows: int | None = None
 
+    CONFIG_NAME = CONFIG_NAME          # the JSON file of save_pretrained (not a field: no annotation)
+    CONFIG_VERSION = CONFIG_VERSION
+
     def __post_init__(self):
         for name in ("linear_input_bits", "ffn_out_input_bits", "gelu_bits", "silu_bits"):
             _check_bits("SlimFitConfig", name, getattr(self, name))
@@ -168,11 +159,11 @@ class SlimFitConfig:
             raise ValueError("SlimFitConfig: 2-bit saved activations are not supported for linear/GELU/SiLU; "
                              "use 4 or 8")
         for name in ("layernorm", "layernorm_frozen"):
-            _check_choice("SlimFitConfig", name, getattr(self, name), _LAYERNORM_SAVES)
+            choice("SlimFitConfig", name, getattr(self, name), _LAYERNORM_SAVES)
         _check_fraction("SlimFitConfig", "layernorm_keep_ratio", self.layernorm_keep_ratio,
                         "the fraction of each row kept by 'topk'")
-        _check_choice("SlimFitConfig", "dropout", self.dropout, _DROPOUT)
-        _check_choice("SlimFitConfig", "group_size", self.group_size, _GROUP_SIZES)
+        choice("SlimFitConfig", "dropout", self.dropout, _DROPOUT)
+        choice("SlimFitConfig", "group_size", self.group_size, _GROUP_SIZES)
         for name, part in _PARTS.items():
             value = getattr(self, name)
             if value is not None and not isinstance(value, part):
@@ -180,9 +171,8 @@ class SlimFitConfig:
                         if isinstance(value, bool) else "")
                 raise TypeError(f"SlimFitConfig.{name} must be None or {part.__name__}(...), got "
                                 f"{type(value).__name__} {value!r}{hint}")
-        rows = self.lm_head_chunk_rows
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-            raise ValueError(f"SlimFitConfig.lm_head_chunk_rows must be None or an int >= 1, got {rows!r}")
+        integer("SlimFitConfig", "lm_head_chunk_rows", self.lm_head_chunk_rows, 1, "rows of the chunked LM head "
+                "per chunk", 256, optional=True)
 
     def replace(self, **changes) -> "SlimFitConfig":
         """This config with flat fields (or whole parts: attention=..., sampling=...) changed."""
@@ -209,33 +199,19 @@ class SlimFitConfig:
         return {**dataclasses.asdict(self), "version": CONFIG_VERSION}
 
     @classmethod
-    def from_dict(cls, values: dict) -> "SlimFitConfig":
-        """A config from `to_dict()`'s output; keys it does not know, and versions it does not know, are
-        refused by name."""
+    def from_dict(cls, values: dict, /, **changes) -> "SlimFitConfig":
+        """A config from `to_dict()`'s output, with `changes` (fields by name) applied; keys it does not
+        know, and versions it does not know, are refused by name. save_pretrained / from_pretrained
+        (slimfit_config.json) are ConfigBase's (slimfit/_config_base.py), over these two."""
         if not isinstance(values, dict):
             raise TypeError(f"SlimFitConfig.from_dict expects a dict, got {type(values).__name__}")
         values = dict(values)
-        version = values.pop("version", CONFIG_VERSION)
-        if version != CONFIG_VERSION:
-            raise ValueError(f"SlimFitConfig.from_dict: format version {version!r} is not this slimfit's "
-                             f"({CONFIG_VERSION}); load it with the slimfit version that wrote it")
-        _refuse_unknown("SlimFitConfig", values, cls)
+        read_version("SlimFitConfig", values, CONFIG_VERSION)
+        refuse_unknown("SlimFitConfig", values, _field_names(cls))
         for name in _PARTS:
             if isinstance(values.get(name), dict):
                 values[name] = _part_from_dict(name, values[name])
-        return cls(**values)
-
-    def save_pretrained(self, save_directory) -> str:
-        """Write the config as JSON to `save_directory`/slimfit_config.json (beside a model's
-        save_pretrained files); returns the file's path."""
-        return save_json(self.to_dict(), save_directory, CONFIG_NAME)
-
-    @classmethod
-    def from_pretrained(cls, path) -> "SlimFitConfig":
-        """The config saved by `save_pretrained` (a directory holding slimfit_config.json, or the file),
-        read by `from_dict` (a format version it does not know is refused)."""
-        values = load_json(path, CONFIG_NAME, "SlimFitConfig")
-        return cls.from_dict(values)
+        return cls(**{**values, **changes})
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -296,14 +272,10 @@ class SlimFitConfig:
         return presets[name]()
 
 
-def _refuse_unknown(where: str, values: dict, cls) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown} (written by another slimfit version?); "
-                         f"known fields: {sorted(known)}")
+def _field_names(cls) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def _part_from_dict(name: str, values: dict):
-    _refuse_unknown(f"SlimFitConfig.{name}", values, _PARTS[name])
+    refuse_unknown(f"SlimFitConfig.{name}", values, _field_names(_PARTS[name]))
     return _PARTS[name](**values)

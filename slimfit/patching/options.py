@@ -25,6 +25,16 @@ from .. import autograd
 from ..config import SlimFitConfig
 
 
+def _shared(config: SlimFitConfig, stochastic: bool = True) -> dict:
+    """The fields every compressing option takes from the config alike: group_size and check_finite, and
+    stochastic (rounding) for the options that round (`stochastic=False`: a norm's or attention's, which
+    do not take it)."""
+    shared = {"group_size": config.group_size, "check_finite": config.check_finite}
+    if stochastic:
+        shared["stochastic"] = config.stochastic
+    return shared
+
+
 @dataclass(frozen=True)
 class Sampling:
     """WTA-CRS weight-gradient sampling of one linear (its `name` keys the shared sample-id holder)."""
@@ -54,8 +64,7 @@ class LinearOptions(autograd.LinearOptions):
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, input_bits: int | None, sampling: Sampling | None = None):
-        return cls(input_bits=input_bits, group_size=config.group_size, stochastic=config.stochastic,
-                   check_finite=config.check_finite, sampling=sampling)
+        return cls(input_bits=input_bits, sampling=sampling, **_shared(config))
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,7 @@ class ActivationOptions(autograd.SwiGLUOptions):
 
     @classmethod
     def from_config(cls, config: SlimFitConfig):
-        return cls(bits=config.silu_bits, group_size=config.group_size, stochastic=config.stochastic,
-                   check_finite=config.check_finite)
+        return cls(bits=config.silu_bits, **_shared(config))
 
 
 class GeGLUOptions(autograd.GeGLUOptions):
@@ -75,8 +83,7 @@ class GeGLUOptions(autograd.GeGLUOptions):
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, approximate: str):
-        return cls(bits=config.gelu_bits, approximate=approximate, group_size=config.group_size,
-                   stochastic=config.stochastic, check_finite=config.check_finite)
+        return cls(bits=config.gelu_bits, approximate=approximate, **_shared(config))
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,7 @@ class LayerScaleOptions(autograd.LayerScaleOptions):
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, weight_attribute: str):
-        return cls(bits=config.ffn_out_input_bits, group_size=config.group_size, stochastic=config.stochastic,
-                   check_finite=config.check_finite, weight_attribute=weight_attribute)
+        return cls(bits=config.ffn_out_input_bits, weight_attribute=weight_attribute, **_shared(config))
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,7 @@ class ExpertsOptions:
     @classmethod
     def from_config(cls, config: SlimFitConfig):
         down_bits = config.ffn_out_input_bits or config.linear_input_bits
-        routing = autograd.RowScaleOptions(bits=config.ffn_out_input_bits, group_size=config.group_size,
-                                           stochastic=config.stochastic, check_finite=config.check_finite)
+        routing = autograd.RowScaleOptions(bits=config.ffn_out_input_bits, **_shared(config))
         return cls(gate_up=LinearOptions.from_config(config, config.linear_input_bits),
                    down=LinearOptions.from_config(config, down_bits), product=ActivationOptions.from_config(config),
                    routing=routing)
@@ -122,8 +127,7 @@ class GELUOptions(autograd.GELUOptions):
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, approximate: str):
-        return cls(bits=config.gelu_bits, approximate=approximate, group_size=config.group_size,
-                   stochastic=config.stochastic, check_finite=config.check_finite)
+        return cls(bits=config.gelu_bits, approximate=approximate, **_shared(config))
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,7 @@ class NormOptions:
     @classmethod
     def from_config(cls, config: SlimFitConfig, **norm):
         return cls(save=config.layernorm, save_frozen=config.layernorm_frozen,
-                   keep_ratio=config.layernorm_keep_ratio, group_size=config.group_size,
-                   check_finite=config.check_finite, **norm)
+                   keep_ratio=config.layernorm_keep_ratio, **_shared(config, stochastic=False), **norm)
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,7 @@ class AttentionOptions:
         """The options of a config whose `attention` is an AttentionSaving (not None)."""
         saving = config.attention
         return cls(qkv_bits=saving.qkv_bits, probs=saving.probs, keep_ratio=saving.keep_ratio,
-                   group_size=config.group_size, dropout_on_v=saving.dropout_on_v,
-                   check_finite=config.check_finite, path=saving.path)
+                   dropout_on_v=saving.dropout_on_v, path=saving.path, **_shared(config, stochastic=False))
 
     @classmethod
     def of(cls, opts) -> AttentionOptions:

@@ -16,7 +16,6 @@ A config is saved beside a checkpoint like ``slimfit.SlimFitConfig``: ``to_dict`
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -24,6 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 import torch
+
+from slimfit._config_base import ConfigBase, read_version, refuse_unknown
+from slimfit._config_base import choice as _choice
+from slimfit._config_base import closest as _closest
+from slimfit._config_base import did_you_mean as _did_you_mean
+from slimfit._config_base import error as _error
+from slimfit._config_base import flag as _flag
+from slimfit._config_base import integer as _int
+from slimfit._config_base import is_number as _is_number
+from slimfit._config_base import number_fix as _number_fix
+from slimfit._config_base import real as _real
+from slimfit._config_base import shown as _shown
 
 from .candidates import KINDS, TASK_HEAD
 from .optim import FROZEN_UPDATES
@@ -69,68 +80,7 @@ NOT_SAVED = "<not saved: an object of the saving process>"
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _shown(value) -> str:
-    return f"{type(value).__name__} {value!r:.80}"
-
-
-def _error(owner: str, name: str, rule: str, value, fix: str = "") -> ValueError:
-    return ValueError(f"{owner}.{name} must be {rule}, got {_shown(value)}" + (f"; {fix}" if fix else ""))
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _number_fix(name: str, value, example) -> str:
-    """How to fix a bad number: a string that holds one, a bool, or anything else."""
-    if isinstance(value, bool):
-        return f"{value} is a bool, not a number: pass e.g. {name}={example}"
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return f"pass e.g. {name}={example}"
-        return f"pass the number itself, not a string: {name}={int(number) if number.is_integer() else number!r}"
-    return f"pass e.g. {name}={example}"
-
-
-def _real(owner: str, name: str, value, rule: str, ok: Callable[[float], bool], example) -> float:
-    if not _is_number(value) or not math.isfinite(float(value)) or not ok(float(value)):
-        raise _error(owner, name, rule, value, _number_fix(name, value, example))
-    return float(value)
-
-
-def _int(owner: str, name: str, value, low: int, meaning: str, example, optional: bool = False):
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        rule = f"{'None or ' if optional else ''}an int >= {low} ({meaning})"
-        raise _error(owner, name, rule, value, _number_fix(name, value, example))
-    return int(value)
-
-
-def _flag(owner: str, name: str, value, optional: bool = False):
-    if not isinstance(value, bool) and not (optional and value is None):
-        raise _error(owner, name, "None, True or False" if optional else "True or False", value)
-    return value
-
-
-def _closest(value, allowed) -> Optional[str]:
-    if not isinstance(value, str):
-        return None
-    close = difflib.get_close_matches(value, sorted(a for a in allowed if isinstance(a, str)), n=1)
-    return close[0] if close else None
-
-
-def _did_you_mean(value, allowed) -> str:
-    close = _closest(value, allowed)
-    return f"did you mean {close!r}?" if close else ""
-
-
-def _choice(owner: str, name: str, value, allowed: tuple, fix: str = "") -> str:
-    if isinstance(value, str) and value in allowed:
-        return value
-    raise _error(owner, name, f"one of {allowed}", value, fix or _did_you_mean(value, allowed))
+# The checks and their error style are the ones slimfit.SlimFitConfig uses too (slimfit/_config_base.py).
 
 
 # ---------------------------------------------------------------------------------------------- fields
@@ -304,8 +254,9 @@ class ExperimentalOptions:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class SchedulerConfig:
-    """Every option of :class:`ILSScheduler`, validated once, here.
+class SchedulerConfig(ConfigBase):
+    """Every option of :class:`ILSScheduler`, validated once, here (save_pretrained / from_pretrained:
+    slimfit/_config_base.py's ConfigBase, file slimfit_scheduler.json).
 
     freeze_rate        fraction of the scheduled layers frozen each step, in [0, 1); at least one layer
                        always trains. In budget mode the minimum fraction frozen. Default 0.7: 0.9 costs
@@ -396,6 +347,9 @@ class SchedulerConfig:
     step_chunk_numel: Optional[int] = DEFAULT_STEP_CHUNK_NUMEL
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)
+
+    CONFIG_NAME = CONFIG_NAME          # the JSON file of save_pretrained (not a field: no annotation)
+    CONFIG_VERSION = CONFIG_VERSION
 
     def __post_init__(self):
         for name, check in _CHECKS.items():
@@ -509,15 +463,8 @@ class SchedulerConfig:
         if not isinstance(values, Mapping):
             raise TypeError(f"SchedulerConfig.from_dict expects a dict (to_dict()'s output), got {_shown(values)}")
         values = dict(values)
-        version = values.pop("version", CONFIG_VERSION)
-        if type(version) is not int or version != CONFIG_VERSION:
-            raise ValueError(f"SchedulerConfig.from_dict: version {version!r} is not one this slimfit reads "
-                             f"({CONFIG_VERSION}): written by another slimfit version; upgrade slimfit, or build "
-                             "the config again from its fields")
-        unknown = sorted(k for k in values if k not in _SHORTHAND)
-        if unknown:
-            raise ValueError(f"SchedulerConfig.from_dict: unknown field(s) {unknown} (written by another slimfit "
-                             f"version?); known fields: {sorted(_SHORTHAND)}")
+        read_version(_C, values, CONFIG_VERSION)
+        refuse_unknown(f"{_C}.from_dict", values, _SHORTHAND)
         if isinstance(values.get("experimental"), Mapping):
             for name in _PROMOTED:   # saved when the field was experimental
                 if name in values["experimental"]:
@@ -534,36 +481,6 @@ class SchedulerConfig:
                              f"process group), which is not saved; give it again: from_dict(values, {lost[0]}=...) "
                              f"or from_pretrained(path, {lost[0]}=...)")
         return cls.from_options(None, **values)
-
-    def save_pretrained(self, save_directory) -> str:
-        """Write the config as JSON to ``save_directory``/slimfit_scheduler.json (beside a model's
-        save_pretrained files or a checkpoint); returns the file's path."""
-        import json
-        import os
-
-        os.makedirs(save_directory, exist_ok=True)
-        path = os.path.join(save_directory, CONFIG_NAME)
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        return path
-
-    @classmethod
-    def from_pretrained(cls, path, /, **changes) -> "SchedulerConfig":
-        """The config ``save_pretrained`` wrote (a directory holding slimfit_scheduler.json, or the file),
-        with ``changes`` applied (see from_dict)."""
-        import json
-        import os
-
-        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"SchedulerConfig.from_pretrained: no {CONFIG_NAME} at {path!r}")
-        with open(file) as f:
-            try:
-                values = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"SchedulerConfig.from_pretrained: {file} is not valid JSON ({exc})") from None
-        return cls.from_dict(values, **changes)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
