@@ -25,8 +25,8 @@ from .routes import ATTENTION_OPTIONS, CALLS, calls_of
 
 __all__ = ["install", "remove", "calls_of", "ATTENTION_OPTIONS", "CALLS"]
 
-# slimfit.memory's fake-tensor planner swaps `fused_kernel` on this module by the dotted name it had at the
-# package's top level; both names are this one module object, so such a swap reaches `attend`.
+# slimfit.memory's fake-tensor planner (memory/plan/fake.py) names this module slimfit.patching.hf_attention
+# when it swaps `fused_kernel`; both names are this one module object, so such a swap reaches `attend`.
 sys.modules.setdefault(f"{__name__.rpartition('.')[0]}.hf_attention", hf_attention)
 
 
