@@ -44,6 +44,7 @@ from .held_step import is_held, new_held_state, step_held
 from .keys import held_key
 from .moments import plain_tensor
 from .torch_adam import adam_step, lr_factors, scaled_group
+from .weight_rounding import WeightRounding, adam_step_rounded, check_weight_rounding
 
 __all__ = ["ChunkedStep", "attach_chunked_step", "for_optimizer", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
@@ -117,8 +118,9 @@ def _factor_runs(ps, factors, chunk_numel):
 
 
 @torch.no_grad()
-def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
-    """torch's Adam step of ``params`` (every one with a gradient), chunk by chunk, then their gradients dropped."""
+def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) -> None:
+    """torch's Adam step of ``params`` (every one with a gradient), chunk by chunk, then their gradients dropped.
+    ``rounding`` (a WeightRounding, or None: nearest): bf16 / fp16 weights written by stochastic rounding."""
     ps, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], [], [], []
     has_complex = optimizer._init_group({**group, "params": params}, ps, grads, exp_avgs, exp_avg_sqs, max_sqs,
                                         steps)
@@ -133,8 +135,13 @@ def _step_group(optimizer, group, params, chunk_numel, observer) -> None:
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
         counts = [before[i].clone() for i, _, _ in batch]
         olds = [v[0].clone() if watched[i] else None for (i, _, _), v in zip(batch, views)]
-        adam_step(optimizer, scaled_group(group, factor), [v[0] for v in views], [v[1] for v in views],
-                  [v[2] for v in views], [v[3] for v in views], [v[4] for v in views], counts)
+        args = ([v[0] for v in views], [v[1] for v in views], [v[2] for v in views], [v[3] for v in views],
+                [v[4] for v in views], counts)
+        if rounding is None:
+            adam_step(optimizer, scaled_group(group, factor), *args)
+        else:
+            adam_step_rounded(optimizer, scaled_group(group, factor), *args,
+                              [rounding.seed(ps[i], before[i], a) for i, a, _ in batch])
         for (i, a, _), v, old, count in zip(batch, views, olds, counts):
             last[i] = count
             if old is not None:
@@ -173,7 +180,8 @@ class ChunkedStep:
     after a FrozenState attached later (``run_last``). ``remove()`` takes it off. On an in-backward
     optimizer (slimfit.optim.step_in_backward) it hooks each per-parameter optimizer."""
 
-    def __init__(self, optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None):
+    def __init__(self, optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None,
+                 weight_rounding: str = "nearest", seed: int = 0):
         if isinstance(chunk_numel, bool) or not isinstance(chunk_numel, int) or chunk_numel < 1:
             raise ValueError(f"ChunkedStep: chunk_numel must be a positive int (elements per call), got "
                              f"{chunk_numel!r}")
@@ -193,6 +201,16 @@ class ChunkedStep:
         self._post_handles = [t.register_step_post_hook(self._post_hook) for t in targets]
         self._thawed: list = []   # moments put back in full for a step with a closure, held again after it
         self._holder = None   # a FrozenState(between_steps=True) holding every moment 8-bit (held_step.py)
+        self._rounding = None   # a WeightRounding: bf16 / fp16 weights written by stochastic rounding
+        self.set_weight_rounding(weight_rounding, seed)
+
+    def set_weight_rounding(self, weight_rounding: str, seed: int = 0) -> None:
+        """How the bf16 / fp16 weights it updates are rounded: "nearest" (torch's step, bit for bit) or
+        "stochastic" (the update computed in fp32 a piece at a time, the weight rounded stochastically from
+        ``seed``, deterministic: weight_rounding.py). fp32 weights are the same either way."""
+        check_weight_rounding(weight_rounding)
+        self.weight_rounding = weight_rounding
+        self._rounding = WeightRounding(seed) if weight_rounding == "stochastic" else None
 
     @property
     def optimizers(self) -> list:
@@ -227,17 +245,12 @@ class ChunkedStep:
         observer = self.observer
         # torch hands its pre-hooks the step's arguments with the optimizer first: (self, closure)
         if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
-            # a closure computes the gradients inside torch's step, after this hook: torch steps everything,
-            # from moments in full, held again right after it (_post_hook)
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            if self.holder is not None:
-                self._thawed = [p for p in params if p.requires_grad]
-                self.holder.thaw(self._thawed)
-                self.holder.wait()
-            if observer is not None:
-                observer.left_to_optimizer(params)
+            self._leave_to_closure(optimizer, observer)
             return
         left = []
+        rounding = self._rounding
+        if rounding is not None:
+            rounding.index(p for t in self.optimizers for g in t.param_groups for p in g["params"])
         for group in optimizer.param_groups:
             with_grad = [p for p in group["params"] if p.grad is not None]
             if not with_grad:
@@ -257,16 +270,27 @@ class ChunkedStep:
             taken.update(id(p) for p in ours)
             left += [p for p in with_grad if id(p) not in taken]
             if ours:
-                _step_group(optimizer, group, ours, self.chunk_numel, observer)
+                _step_group(optimizer, group, ours, self.chunk_numel, observer, rounding)
                 self.pieces_stepped += len(ours)
                 if holder is not None:   # state that was in full (restored by hand, a checkpoint): held from now
                     for p in ours:
                         holder.hold(p)
             if held:
-                step_held(optimizer, group, held, self.chunk_numel, observer, holder)
+                step_held(optimizer, group, held, self.chunk_numel, observer, holder, rounding)
                 self.pieces_stepped += len(held)
         if left and observer is not None:
             observer.left_to_optimizer(left)
+
+    def _leave_to_closure(self, optimizer, observer) -> None:
+        """A closure computes the gradients inside torch's step, after this hook: torch steps everything, from
+        moments in full, held again right after it (_post_hook)."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if self.holder is not None:
+            self._thawed = [p for p in params if p.requires_grad]
+            self.holder.thaw(self._thawed)
+            self.holder.wait()
+        if observer is not None:
+            observer.left_to_optimizer(params)
 
     def _post_hook(self, optimizer, args, kwargs) -> None:
         holder, thawed, self._thawed = self.holder, self._thawed, []
@@ -286,6 +310,7 @@ class ChunkedStep:
         self._handles = []
 
 
-def attach_chunked_step(optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None) -> ChunkedStep:
-    """A ChunkedStep on ``optimizer`` (see ChunkedStep)."""
-    return ChunkedStep(optimizer, chunk_numel, observer)
+def attach_chunked_step(optimizer, chunk_numel: int = DEFAULT_STEP_CHUNK_NUMEL, observer=None,
+                        weight_rounding: str = "nearest", seed: int = 0) -> ChunkedStep:
+    """A ChunkedStep on ``optimizer`` (see ChunkedStep; ``weight_rounding``: ChunkedStep.set_weight_rounding)."""
+    return ChunkedStep(optimizer, chunk_numel, observer, weight_rounding, seed)

@@ -17,6 +17,7 @@ import torch
 from . import codec
 from .keys import Q8
 from .torch_adam import adam_step, lr_factors, scaled_group
+from .weight_rounding import adam_step_rounded
 
 __all__ = ["held_moments", "step_held", "new_held_state"]
 
@@ -52,8 +53,9 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
 
 
 @torch.no_grad()
-def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> None:
-    """torch's Adam step of ``params`` (held, each with a gradient), a piece at a time; gradients dropped."""
+def step_held(optimizer, group, params, chunk_numel: int, observer, holder, rounding=None) -> None:
+    """torch's Adam step of ``params`` (held, each with a gradient), a piece at a time; gradients dropped.
+    ``rounding`` (a WeightRounding, or None: nearest): bf16 / fp16 weights written by stochastic rounding."""
     moments = held_moments(group)
     for p, factor in zip(params, lr_factors(observer, params)):
         state = optimizer.state[p]
@@ -72,8 +74,11 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder) -> N
             piece = flat_p[a:b]
             old = piece.clone() if watched else None
             count = before.clone()
-            adam_step(optimizer, scaled_group(group, factor), [piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:],
-                      [count])
+            args = ([piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:], [count])
+            if rounding is None:
+                adam_step(optimizer, scaled_group(group, factor), *args)
+            else:
+                adam_step_rounded(optimizer, scaled_group(group, factor), *args, [rounding.seed(p, before, a)])
             for (key, _), x in zip(moments, m):
                 codec.encode_range_(state[key + Q8], a, x, seed=holder.seed_for(p, key, state, start=a))
             if old is not None:

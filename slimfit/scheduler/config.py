@@ -75,6 +75,9 @@ FROZEN_STATE_AUTO = "auto"
 # state_code: how a held moment is coded: "linear8" (per-group min/max, stochastic rounding), "dynamic8" /
 # "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a zero-free map for a second).
 STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4)}
+# weight_rounding: how the chunked step writes bf16 / fp16 weights: "nearest" (torch's step, bit for bit) or
+# "stochastic" (the update computed in fp32, the weight rounded stochastically: slimfit/optim/weight_rounding.py).
+WEIGHT_ROUNDINGS = ("nearest", "stochastic")
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
 
@@ -183,6 +186,14 @@ def _process_group(cfg, value):
     return value
 
 
+def _weight_rounding(cfg, value):
+    value = _choice(_C, "weight_rounding", value, WEIGHT_ROUNDINGS)
+    if value == "stochastic" and cfg.step_chunk_numel is None:
+        raise _error(_C, "weight_rounding", "'nearest' when step_chunk_numel is None (the stochastic rounding is "
+                     "done by the chunked step)", value, "keep step_chunk_numel (the default, 2**20)")
+    return value
+
+
 def _experimental(cfg, value):
     if not isinstance(value, ExperimentalOptions):
         raise TypeError(f"{_C}.experimental must be ExperimentalOptions(...), got {_shown(value)}; e.g. "
@@ -219,6 +230,7 @@ _CHECKS = {
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
     "step_chunk_numel": lambda c, v: _int(_C, "step_chunk_numel", v, 1, "elements per call of the optimizer step",
                                           DEFAULT_STEP_CHUNK_NUMEL, optional=True),
+    "weight_rounding": _weight_rounding,
     "experimental": _experimental,
 }
 
@@ -317,6 +329,11 @@ class SchedulerConfig(ConfigBase):
                        layers are scored as they are updated, so neither torch's temporaries the size of the
                        largest (CPU) or of every (CUDA foreach) trained parameter nor the weight snapshots
                        exist (slimfit.optim.ChunkedStep; docs/optim.md). None: the optimizer's own step.
+    weight_rounding    how the chunked step writes bf16 / fp16 weights: "nearest" (the default: torch's step
+                       bit for bit; an update below half a bf16 ulp of a weight is lost) or "stochastic" (each
+                       piece's update computed in fp32, the weight rounded to a neighbour with the probability
+                       that makes its expectation the fp32 result, seeded from the run's seed; as torchao's
+                       bf16_stochastic_round; docs/optim.md). fp32 weights are the same either way.
     experimental       ExperimentalOptions: options measured neutral or harmful, off by default.
     version            the format of to_dict(); set by slimfit, not an argument.
 
@@ -345,6 +362,7 @@ class SchedulerConfig(ConfigBase):
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
     step_chunk_numel: Optional[int] = DEFAULT_STEP_CHUNK_NUMEL
+    weight_rounding: str = "nearest"
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)
 

@@ -476,6 +476,8 @@ class ILSScheduler:
         if self.config.step_chunk_numel is None or factory is None or self._sharded:
             return
         step = factory(optimizer, self.config.step_chunk_numel, self._in_step)
+        if self.config.weight_rounding != "nearest":
+            step.set_weight_rounding(self.config.weight_rounding, self.run_seed)
         if step.active:
             self._chunked_step = step
         else:

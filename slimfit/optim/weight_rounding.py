@@ -1,0 +1,141 @@
+"""Stochastic rounding of the bf16 / fp16 weights an Adam step writes (``weight_rounding="stochastic"``).
+
+AdamW on bf16 weights loses the small updates: bf16 keeps 8 significant bits, so an update below half a
+unit in the last place (ulp) of a weight is rounded away (a weight near 1.0 has an ulp of 2**-7; at lr 1e-4 an
+Adam update of about 1e-4 never reaches it, step after step). The field's fix, where no fp32 master copy of
+the weights is kept, is stochastic rounding of the updated weight (torchao's ``bf16_stochastic_round``, the
+Gopher and Zamirai et al. recipe): the update is computed in fp32 and the weight is rounded to one of its two
+neighbouring bf16 values with the probability that makes the expectation the fp32 result. An update of a
+tenth of an ulp then moves the weight by one ulp one time in ten.
+
+``adam_step_rounded`` is the chunked step's update of one batch of pieces with that rounding: the pieces'
+weights, gradients and moments are copied to fp32 (a piece at a time: the chunked step bounds them), torch's
+functional Adam runs on the copies (the group's hyperparameters, as ``adam_step``), the moments go back to
+their own dtype rounded to nearest (as torch's own bf16 step rounds them) and the weights stochastically.
+fp32 weights are updated in place as ``adam_step`` updates them (nothing to round).
+
+The random bits are slimfit's counter-based words (slimfit.kernels.rng): a function of (seed, element index),
+so a step is deterministic given its seed and is the same on every device and every replica. The chunked step
+derives one seed per piece from the run's seed, the parameter's place in the optimizer, its step count and the
+piece's first element (``piece_seed``): a run resumed from a checkpoint rounds as the uninterrupted one did.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from slimfit.kernels.rng import random_words, uniform
+from slimfit.scheduler.config import WEIGHT_ROUNDINGS
+
+from .torch_adam import adam_step
+
+__all__ = ["WEIGHT_ROUNDINGS", "ROUNDED_DTYPES", "round_stochastic", "adam_step_rounded", "piece_seed",
+           "WeightRounding", "check_weight_rounding"]
+
+ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
+_LOW16 = 0xFFFF
+_TRUNC16 = -0x10000   # int32 mask of the high 16 bits (0xFFFF0000)
+
+
+def piece_seed(seed: int, index: int, step: int, start: int) -> int:
+    """The rounding seed of one piece: the run's ``seed``, the parameter's ``index`` in the optimizer, the step
+    count before the update and the piece's first element (hashed: nearby pieces get unrelated streams)."""
+    text = f"{int(seed)}:{int(index)}:{int(step)}:{int(start)}:weight".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") % 2**62
+
+
+def _bf16(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """fp32 -> bf16 keeping the high 16 bits and adding one bf16 ulp (away from zero) with probability
+    (low 16 bits) / 2**16: exactly the fraction of the way ``x`` lies from the truncated value to the next."""
+    bits = x.reshape(-1).view(torch.int32)
+    draw = (random_words(seed, bits.numel(), x.device) & _LOW16).to(torch.int32)
+    trunc = bits & _TRUNC16
+    up = torch.where(draw < (bits & _LOW16), trunc + 0x10000, trunc)
+    return up.view(torch.float32).to(torch.bfloat16).view(x.shape)   # low 16 bits zero: the cast is exact
+
+
+def _fp16(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """fp32 -> fp16: the two fp16 neighbours of ``x`` (nearest and the next one past ``x``), the upper one
+    taken with probability (x - lower) / (upper - lower) (fp16's spacing varies: subnormals, exponents)."""
+    near = x.to(torch.float16)
+    nf = near.float()
+    toward = torch.where(nf < x, torch.inf, -torch.inf).to(torch.float16)
+    other = torch.nextafter(near, toward).float()
+    lo, hi = torch.minimum(nf, other), torch.maximum(nf, other)
+    p_up = (x - lo) / (hi - lo)
+    u = uniform(seed, x.numel(), x.device).view(x.shape)
+    return torch.where(u < p_up, hi, lo).to(torch.float16)
+
+
+def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """``x`` (fp32) rounded to ``dtype`` (bf16 or fp16) stochastically and without bias: E[result] = x for
+    every finite x in range. Values already representable stay; inf, NaN and values whose nearest rounding
+    overflows round to nearest."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_stochastic: x must be float32 (the fp32 update), got {x.dtype}")
+    if dtype not in ROUNDED_DTYPES:
+        raise TypeError(f"round_stochastic: rounds to bfloat16 or float16, got {dtype}; fp32 weights need no "
+                        "rounding")
+    near = x.to(dtype)
+    out = (_bf16 if dtype == torch.bfloat16 else _fp16)(x.contiguous(), seed)
+    return torch.where(torch.isfinite(near) & torch.isfinite(x), out, near)
+
+
+def _fp32(ts: list) -> list:
+    """fp32 copies of the bf16 / fp16 tensors of ``ts``; fp32 ones (and Nones) as they are."""
+    return [t.float() if t is not None and t.dtype in ROUNDED_DTYPES else t for t in ts]
+
+
+def _write_back(dsts: list, srcs: list) -> None:
+    for dst, src in zip(dsts, srcs):
+        if dst is not None and src is not dst:
+            dst.copy_(src)
+
+
+def adam_step_rounded(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                      seeds) -> None:
+    """``adam_step`` with the weights written by stochastic rounding (see the module docstring): the update
+    computed in fp32 on copies of bf16 / fp16 pieces, the moments rounded back to nearest, each weight rounded
+    stochastically with its seed in ``seeds`` (one per param)."""
+    if not any(p.dtype in ROUNDED_DTYPES for p in params):
+        adam_step(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
+        return
+    p32, m32, v32 = _fp32(params), _fp32(exp_avgs), _fp32(exp_avg_sqs)
+    mx32 = _fp32(max_exp_avg_sqs) if group["amsgrad"] else max_exp_avg_sqs
+    adam_step(optimizer, group, p32, _fp32(grads), m32, v32, mx32, steps)
+    for p, x, seed in zip(params, p32, seeds):
+        if x is not p:
+            p.copy_(round_stochastic(x, p.dtype, seed))
+    _write_back(exp_avgs, m32)
+    _write_back(exp_avg_sqs, v32)
+    if group["amsgrad"]:
+        _write_back(max_exp_avg_sqs, mx32)
+
+
+class WeightRounding:
+    """The seeds of the stochastically rounded pieces of one ChunkedStep (a run's ``seed``); ``index(params)``
+    names each parameter by its place among every parameter the step's optimizers hold."""
+
+    def __init__(self, seed: int):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"weight_rounding: seed must be an int, got {type(seed).__name__}")
+        self.base = int(seed)
+        self._index: dict = {}
+
+    def index(self, params) -> None:
+        """Number ``params`` (every parameter of the optimizers, in their order) for the seeds."""
+        self._index = {id(q): i for i, q in enumerate(params)}
+
+    def seed(self, p, step, start: int) -> int:
+        """The seed of the piece of ``p`` from element ``start`` on, whose step count before the update is
+        ``step`` (a 0-d tensor or a number)."""
+        return piece_seed(self.base, self._index.get(id(p), -1), int(step), start)
+
+
+def check_weight_rounding(value) -> str:
+    """``value`` if it names a weight rounding, else a ValueError naming the choices."""
+    if not (isinstance(value, str) and value in WEIGHT_ROUNDINGS):
+        raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, got {value!r}: 'nearest' (torch's "
+                         "own rounding) or 'stochastic' (bf16 / fp16 weights rounded stochastically)")
+    return value
