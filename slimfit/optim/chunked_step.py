@@ -33,6 +33,7 @@ parameter's moments stay 8-bit between steps and are decoded a piece at a time i
 from __future__ import annotations
 
 import inspect
+import warnings
 import weakref
 
 import torch
@@ -88,6 +89,18 @@ def _pieces(params, chunk_numel):
         n = p.numel()
         for a in range(0, max(n, 1), chunk_numel):
             yield i, a, min(n, a + chunk_numel)
+
+
+def _warn_fp16_eps(group, params) -> bool:
+    """Warn (and say so) when an Adam group's eps rounds to 0 in fp16 for fp16 weights: torch's step keeps
+    the moments in the weights' dtype, where eps (1e-8 by default) and a squared gradient below fp16's
+    smallest normal become 0, so m / (sqrt(v) + eps) turns inf or NaN at the first step."""
+    if group["eps"] >= torch.finfo(torch.float16).tiny or not any(p.dtype == torch.float16 for p in params):
+        return False
+    warnings.warn(f"Adam/AdamW on float16 weights with eps={group['eps']:g}: eps and small squared gradients "
+                  "round to 0 in float16 moments, so the update becomes inf or NaN (torch's own step does the "
+                  "same). Use eps >= 1e-4, bfloat16 weights, or fp32 weights with autocast", stacklevel=4)
+    return True
 
 
 def _batches(params, chunk_numel):
@@ -202,6 +215,7 @@ class ChunkedStep:
         self._thawed: list = []   # moments put back in full for a step with a closure, held again after it
         self._holder = None   # a FrozenState(between_steps=True) holding every moment 8-bit (held_step.py)
         self._rounding = None   # a WeightRounding: bf16 / fp16 weights written by stochastic rounding
+        self._warned_fp16 = False
         self.set_weight_rounding(weight_rounding, seed)
 
     def set_weight_rounding(self, weight_rounding: str, seed: int = 0) -> None:
@@ -258,6 +272,7 @@ class ChunkedStep:
             if not _group_ok(group):
                 left += with_grad
                 continue
+            self._warned_fp16 = self._warned_fp16 or _warn_fp16_eps(group, with_grad)
             holder = self.holder
             held = []
             if holder is not None:   # every moment 8-bit between steps: fresh state made held, held stepped so
