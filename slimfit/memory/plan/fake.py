@@ -154,7 +154,7 @@ def _fused_kernel_users() -> list:
     import importlib
 
     return [importlib.import_module(name) for name in ("slimfit.autograd.fused_attention",
-                                                       "slimfit.patching.hf_attention")]
+                                                       "slimfit.patching.attention.hf_attention")]
 
 
 def cuda_fused_kernel(q, k, v, attn_mask, dropout_p, is_causal):

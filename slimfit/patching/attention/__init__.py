@@ -14,20 +14,15 @@ slimfit.patch drives the room through `install(model, config, summary, keep)`; s
 """
 from __future__ import annotations
 
-import sys
-
 from torch import nn
 
 from ..modules import swap, unswap
 from ..options import AttentionOptions
-from . import disentangled, hf_attention, routes, torch_attention
+from . import disentangled, routes, torch_attention
 from .routes import ATTENTION_OPTIONS, CALLS, calls_of
 
 __all__ = ["install", "remove", "calls_of", "ATTENTION_OPTIONS", "CALLS"]
 
-# slimfit.memory's fake-tensor planner (memory/plan/fake.py) names this module slimfit.patching.hf_attention
-# when it swaps `fused_kernel`; both names are this one module object, so such a swap reaches `attend`.
-sys.modules.setdefault(f"{__name__.rpartition('.')[0]}.hf_attention", hf_attention)
 
 
 def install(model: nn.Module, config, summary, keep) -> None:
