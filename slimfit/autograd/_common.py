@@ -15,7 +15,7 @@
   wrapper the object of one call: the one it was handed (built and checked once, e.g. at patch
   time; nothing is checked again), or one built from its keywords.
 * Non-finite values through top-k: `lost_nonfinite(pruned)` flags the rows whose dropped entries may
-  have been NaN/Inf, so a backward built on a top-k tensor can keep them visible (issue #30).
+  have been NaN/Inf, so a backward built on a top-k tensor can keep them visible.
 * Double backward: every backward is wrapped in `backward_once(op)`; a backward run with
   `create_graph=True` raises an error naming the op instead of silently giving a wrong second
   derivative (the backward uses compressed activations and is not itself differentiable).

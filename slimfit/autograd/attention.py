@@ -117,7 +117,7 @@ def _masked_scores(scores: Tensor, attn_mask: Optional[Tensor], is_causal: bool)
 
     A bool or causal mask is added as 0 / -inf, as SDPA's math backend converts it, rather than written
     over the scores: a NaN (or +Inf) score at a masked position stays NaN and makes its row NaN, as in
-    PyTorch, instead of being overwritten and vanishing from the output and the gradients (issue #30)."""
+    PyTorch, instead of being overwritten and vanishing from the output and the gradients."""
     if is_causal:
         sq, sk = scores.shape[-2:]
         scores.add_(torch.full((sq, sk), float("-inf"), device=scores.device).triu_(1))

@@ -127,7 +127,7 @@ def _layer_bytes(cfg: SchedulerConfig, named: list, candidates: list) -> tuple[O
 
 # One live scheduler per optimizer and per parameter. A second one on the same optimizer hooks the same step (a
 # second chunked step finds no gradient left, so its layers score 0; two holders hold the same state); on the
-# same parameters it flips the same requires_grad. Both are refused, naming the first (issue #38).
+# same parameters it flips the same requires_grad. Both are refused, naming the first.
 _PARAM_OWNERS = WeakIdKeyDictionary()                      # parameter -> weakref to its scheduler
 _OPTIMIZER_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> _Attached
 

@@ -13,7 +13,7 @@ chunked step runs that layer's update at the group's learning rate times the fac
 costs no weight snapshot; the layer's score divides it out again (every score is linear in the update).
 
 Parameters the chunked step leaves to the optimizer's own step (a fused group, a held state) are named to
-``left_to_optimizer`` right before they move, and snapshotted as before. Two updates before one
+``left_to_optimizer`` right before they move, and snapshotted there. Two updates before one
 ``ILSScheduler.step()`` add up: the score is the sum of each update's own.
 """
 from __future__ import annotations

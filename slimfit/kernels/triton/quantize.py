@@ -6,7 +6,7 @@ elements), seen as a [GROUPS, GROUP_SIZE] tile: element (g, j) of program `pid` 
 and the PER = 8 // bits codes of a byte are packed/unpacked as a [BLOCK // PER, PER] tile
 (a reduction over the last axis). A launch is cdiv(num_groups, GROUPS) programs.
 
-Shaped for bandwidth (issue 16; bench/kernels_static.py reads the sm_90a SASS):
+Shaped for bandwidth (bench/kernels_static.py reads the sm_90a SASS):
   * offsets inside a program are int32; only the program's base is int64, and only when the
     tensor has 2**31 elements or more (IDX64, chosen by the launcher);
   * one IEEE reciprocal per group (`div_rn(1, divisor)`) and a multiply per element: the

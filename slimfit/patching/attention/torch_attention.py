@@ -142,7 +142,7 @@ _module_routers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def module_router(module: nn.Module, opts: AttentionOptions, on_route) -> _SDPARouter:
     """The mode that routes one module's own F.scaled_dot_product_attention calls while entered (made
-    once per module and options, kept beside the module, not on it, so the module pickles as before;
+    once per module and options, kept beside the module, not on it, so the module pickles as an unpatched one does;
     `on_route` is called for each call slimfit computed and must not hold the module strongly)."""
     mode = _module_routers.get(module)
     if mode is None or mode.opts != opts:
