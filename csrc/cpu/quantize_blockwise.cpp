@@ -6,7 +6,10 @@
 //   absmax = max |x| (NaN-propagating)       inv = absmax >= 2**-126 ? 1 / absmax : 0
 //   y = x * inv                              mid[i] = (qmap[i] + qmap[i + 1]) * 0.5
 //   code = #{i : mid[i] < y}                 (nearest level, a tie to the lower one, NaN -> 0)
-// found by a branch-free binary search over the midpoints (log2(levels) compares per element).
+// found by a branch-free binary search over the midpoints (log2(levels) compares per element). Stochastic
+// rounding (the reference's formulas): c = #{k >= 1 : qmap[k] <= y} by the same search over qmap + 1,
+// t = (y - qmap[c]) * g[c] with g the inverse gaps (g[k] = 1 / (qmap[k + 1] - qmap[k]), the last 0), and
+// code = c + (u < t), u the counter-based uniform of the element's flat index (rng.h; as quantize.cpp).
 // dequantize: qmap[code] * absmax, cast to the output dtype. setup.py compiles with
 // -ffp-contract=off, so no step is fused.
 //
@@ -25,7 +28,9 @@
 #include <limits>
 
 #include "../dequantize_sizes.h"
+#include "../rng.h"
 #include "convert.h"
+#include "uniform_span.h"
 
 namespace slimfit {
 namespace {
@@ -111,17 +116,59 @@ inline void pack_block(const uint8_t* c, int64_t len, uint8_t* out) {
   if (len % 2) out[pairs] = c[len - 1];  // the unused high bits of the last byte are zero
 }
 
-template <typename T, int BITS>
-void quantize_blockwise_impl(const T* x, int64_t n, const float* mid, int64_t block_size, uint8_t* codes,
-                             float* absmax) {
+// Stochastic rounding of y = buf[j] * inv for a span, eight elements interleaved as code_span does: c, the
+// level at or below y, by a branch-free search of the levels above the first (up = lv + 1: c counts those
+// <= y), then the upper level when u < t = (y - lv[c]) * g[c]; NaN y searches to 0 and compares false.
+template <int LEVELS>
+inline void stochastic_span(const float* lv, const float* g, const float* buf, const float* u, float inv, int64_t len,
+                            uint8_t* out) {
+  constexpr int kWays = 8;
+  const float* up = lv + 1;
+  for (int64_t j0 = 0; j0 < len; j0 += kWays) {
+    const int ways = static_cast<int>(std::min<int64_t>(kWays, len - j0));
+    float y[kWays];
+    int c[kWays];
+    for (int k = 0; k < kWays; ++k) {
+      y[k] = k < ways ? buf[j0 + k] * inv : 0.0f;
+      c[k] = 0;
+    }
+#pragma GCC unroll 8
+    for (int h = LEVELS / 2; h >= 1; h >>= 1) {
+#pragma GCC unroll 8
+      for (int k = 0; k < kWays; ++k) c[k] += h & -static_cast<int>(up[c[k] + h - 1] <= y[k]);
+    }
+    for (int k = 0; k < ways; ++k) {
+      const float t = (y[k] - lv[c[k]]) * g[c[k]];
+      out[j0 + k] = static_cast<uint8_t>(c[k] + static_cast<int>(u[j0 + k] < t));
+    }
+  }
+}
+
+// The tables of one map: its levels, midpoints (nearest) and inverse gaps (stochastic), as the kernels read them.
+template <int LEVELS>
+struct MapTables {
+  alignas(64) float lv[LEVELS];
+  alignas(64) float mid[LEVELS - 1];
+  alignas(64) float g[LEVELS];
+};
+
+template <typename T, int BITS, bool STOCHASTIC>
+void quantize_blockwise_impl(const T* x, int64_t n, const float* levels, int64_t block_size, rng::SeedKeys keys,
+                             uint8_t* codes, float* absmax) {
   constexpr int kLevels = 1 << BITS;
   const int64_t nb = (n + block_size - 1) / block_size;
   const int64_t grain = std::max<int64_t>(1, kGrainElements / block_size);
   at::parallel_for(0, nb, grain, [&](int64_t b0, int64_t b1) {
     alignas(64) float buf[kMaxBlock];
+    alignas(64) float noise[STOCHASTIC ? kMaxBlock : 1];
     alignas(64) uint8_t cbuf[kMaxBlock];
-    alignas(64) float m[kLevels - 1];  // a local copy: the code stores cannot alias it
-    std::memcpy(m, mid, sizeof(m));
+    MapTables<kLevels> m;  // local copies: the code stores cannot alias them
+    std::memcpy(m.lv, levels, sizeof(m.lv));
+    for (int i = 0; i + 1 < kLevels; ++i) {
+      m.mid[i] = (m.lv[i] + m.lv[i + 1]) * 0.5f;
+      m.g[i] = 1.0f / (m.lv[i + 1] - m.lv[i]);
+    }
+    m.g[kLevels - 1] = 0.0f;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t start = b * block_size;
       const int64_t len = std::min(block_size, n - start);
@@ -130,22 +177,36 @@ void quantize_blockwise_impl(const T* x, int64_t n, const float* mid, int64_t bl
       // A zero, subnormal or non-finite (NaN compares false, 1 / inf is 0) block: every y is 0 (or NaN).
       const float inv = a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
       absmax[b] = a;
-      code_span<kLevels>(m, buf, inv, len, cbuf);
+      if (STOCHASTIC) {
+        // A block (a power of two <= 4096 elements, aligned) never straddles a multiple of 2**32: the high
+        // half of the index is constant over it, folded into the key once.
+        const uint64_t ustart = static_cast<uint64_t>(start);
+        cpu::uniform_span(static_cast<uint32_t>(ustart), keys.k0, static_cast<uint32_t>(ustart >> 32) ^ keys.k1, len,
+                          noise);
+        stochastic_span<kLevels>(m.lv, m.g, buf, noise, inv, len, cbuf);
+      } else {
+        code_span<kLevels>(m.mid, buf, inv, len, cbuf);
+      }
       pack_block<BITS>(cbuf, len, codes + start * BITS / 8);
     }
   });
 }
 
 template <typename T>
-void quantize_blockwise_bits(const T* x, int64_t n, const float* mid, int bits, int64_t bs, uint8_t* c, float* a) {
-  if (bits == 4)
-    quantize_blockwise_impl<T, 4>(x, n, mid, bs, c, a);
+void quantize_blockwise_bits(const T* x, int64_t n, const float* lv, int bits, int64_t bs, bool stochastic,
+                             rng::SeedKeys keys, uint8_t* c, float* a) {
+  if (bits == 4 && stochastic)
+    quantize_blockwise_impl<T, 4, true>(x, n, lv, bs, keys, c, a);
+  else if (bits == 4)
+    quantize_blockwise_impl<T, 4, false>(x, n, lv, bs, keys, c, a);
+  else if (stochastic)
+    quantize_blockwise_impl<T, 8, true>(x, n, lv, bs, keys, c, a);
   else
-    quantize_blockwise_impl<T, 8>(x, n, mid, bs, c, a);
+    quantize_blockwise_impl<T, 8, false>(x, n, lv, bs, keys, c, a);
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_blockwise_cpu(const at::Tensor& x_in, const at::Tensor& qmap,
-                                                          int64_t block_size) {
+                                                          int64_t block_size, bool stochastic, int64_t seed) {
   const char* op = "quantize_blockwise";
   TORCH_CHECK(x_in.device().is_cpu(), "slimfit::", op, " (CPU kernel): expected a CPU tensor, got ", x_in.device());
   const auto dtype = x_in.scalar_type();
@@ -163,16 +224,15 @@ std::tuple<at::Tensor, at::Tensor> quantize_blockwise_cpu(const at::Tensor& x_in
 
   const at::Tensor q = qmap.contiguous();
   const float* lv = q.const_data_ptr<float>();
-  float mid[255];
-  for (int64_t i = 0; i + 1 < q.numel(); ++i) mid[i] = (lv[i] + lv[i + 1]) * 0.5f;
+  const rng::SeedKeys keys = rng::seed_keys(seed);
   uint8_t* c = codes.data_ptr<uint8_t>();
   float* a = absmax.data_ptr<float>();
   if (dtype == at::kFloat)
-    quantize_blockwise_bits(x.const_data_ptr<float>(), n, mid, bits, block_size, c, a);
+    quantize_blockwise_bits(x.const_data_ptr<float>(), n, lv, bits, block_size, stochastic, keys, c, a);
   else if (dtype == at::kHalf)
-    quantize_blockwise_bits(x.const_data_ptr<c10::Half>(), n, mid, bits, block_size, c, a);
+    quantize_blockwise_bits(x.const_data_ptr<c10::Half>(), n, lv, bits, block_size, stochastic, keys, c, a);
   else
-    quantize_blockwise_bits(x.const_data_ptr<c10::BFloat16>(), n, mid, bits, block_size, c, a);
+    quantize_blockwise_bits(x.const_data_ptr<c10::BFloat16>(), n, lv, bits, block_size, stochastic, keys, c, a);
   return {codes, absmax};
 }
 

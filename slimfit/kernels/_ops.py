@@ -30,7 +30,8 @@ SCHEMAS = {
     "unpack_bits": "unpack_bits(Tensor packed, int numel) -> Tensor",
     "dropout_mask": "dropout_mask(Tensor like, float p, int seed) -> Tensor",
     "seeded_dropout": "seeded_dropout(Tensor x, float p, int seed) -> Tensor",
-    "quantize_blockwise": "quantize_blockwise(Tensor x, Tensor qmap, int block_size) -> (Tensor, Tensor)",
+    "quantize_blockwise": "quantize_blockwise(Tensor x, Tensor qmap, int block_size, bool stochastic=False, "
+                          "int seed=0) -> (Tensor, Tensor)",
     "dequantize_blockwise": "dequantize_blockwise(Tensor codes, Tensor absmax, Tensor qmap, int block_size, "
                             "SymInt[] shape, ScalarType dtype) -> Tensor",
 }
@@ -73,7 +74,7 @@ def _dequantize_fake(codes, scale, offset, bits, group_size, shape, dtype):
 
 
 @torch.library.register_fake("slimfit::quantize_blockwise")
-def _quantize_blockwise_fake(x, qmap, block_size):
+def _quantize_blockwise_fake(x, qmap, block_size, stochastic=False, seed=0):
     n = x.numel()
     return (x.new_empty(packed_code_bytes(n, blockwise_bits(qmap)), dtype=torch.uint8),
             x.new_empty(num_groups(n, block_size), dtype=torch.float32))

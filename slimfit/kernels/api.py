@@ -142,12 +142,15 @@ def quantize(
     return QuantizedTensor(codes, scale, offset, tuple(x.shape), x.dtype, bits, group_size, dims)
 
 
-def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int = 256,
-                       check_finite: bool = False) -> BlockwiseTensor:
+def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int = 256, check_finite: bool = False,
+                       stochastic: bool = False, seed: int | None = None) -> BlockwiseTensor:
     """Block-wise dynamic quantization of x (flattened): per block of ``block_size`` elements, each value
-    divided by the block's largest magnitude becomes the index of the nearest level of ``qmap`` (a sorted
-    fp32 map of 16 or 256 levels: 4- or 8-bit codes; slimfit.kernels.qmaps has the moment maps). The exact
-    formulas are in slimfit/kernels/reference.py.
+    divided by the block's largest magnitude becomes the index of a level of ``qmap`` (a sorted fp32 map of 16
+    or 256 levels: 4- or 8-bit codes; slimfit.kernels.qmaps has the moment maps): the nearest one, or with
+    ``stochastic=True`` one of the two around it, the upper with probability the value's place between them
+    (unbiased: a value re-encoded at every step can drift by less than a level), drawn from ``seed`` (a new
+    one from torch's generator when None) as ``quantize`` draws its. The exact formulas are in
+    slimfit/kernels/reference.py.
 
     check_finite=True raises on a NaN/Inf input, at the cost of one host read of the block maxima; off (the
     default), a block holding one gets a non-finite absmax and dequantizes to non-finite values."""
@@ -161,7 +164,11 @@ def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int = 25
         raise ValueError(f"slimfit.quantize_blockwise: block_size must be one of {BLOCKWISE_BLOCK_SIZES}, got "
                          f"{block_size!r}")
     block_size = operator.index(block_size)
-    codes, absmax = ops.quantize_blockwise(x, qmap, block_size)
+    stochastic = check_flag(stochastic, "stochastic", "quantize_blockwise")
+    if seed is None:
+        seed = new_seed() if stochastic else 0
+    check_seed(seed, "quantize_blockwise")
+    codes, absmax = ops.quantize_blockwise(x, qmap, block_size, stochastic, operator.index(seed))
     if check_finite and absmax.numel() and not bool(torch.isfinite(absmax).all()):
         _raise_non_finite("quantize_blockwise", "an input entry is not finite")
     return BlockwiseTensor(codes, absmax, qmap, tuple(x.shape), x.dtype, block_size)

@@ -41,8 +41,20 @@ In fp32, every step rounded on its own:
                                                               subnormal block, and a non-finite one, get 0)
     y = x * inv
     mid[i] = (qmap[i] + qmap[i + 1]) * 0.5                   (the midpoints, i = 0 .. levels - 2)
-    code = #{i : mid[i] < y}                                 (the nearest level; a y exactly on a midpoint
-                                                              takes the lower level; NaN y -> code 0)
+    code = #{i : mid[i] < y}                                 (stochastic=False: the nearest level; a y exactly
+                                                              on a midpoint takes the lower level; NaN y -> 0)
+stochastic=True rounds y to one of the two levels around it, the upper one with probability
+(y - lower) / (upper - lower), drawing u = rng.uniform(seed, i) at the flat element index i (the linear
+quantize's counter layout, so one seed gives the same u per element in both codes):
+    g[k] = 1 / (qmap[k + 1] - qmap[k]), k < levels - 1;  g[levels - 1] = 0      (the inverse gaps, IEEE)
+    c = #{k >= 1 : qmap[k] <= y}                             (the level at or below y; 0 below qmap[0] and
+                                                              for NaN y; levels - 1 at or above the top)
+    t = (y - qmap[c]) * g[c]                                 (y's place in [qmap[c], qmap[c + 1]): in [0, 1]
+                                                              up to rounding; < 0 below qmap[0]; 0 at the top)
+    code = c + 1 if u < t else c
+P(code = c + 1) = ceil(t * 2**24) / 2**24, within 2**-24 of t: E[qmap[code]] = y up to 2**-24 of the gap and
+the fp32 rounding of t. A y on a level keeps it (t = 0), a y below the smallest level takes it (t < 0: the
+unsigned map's zero-free bottom), a y at the top keeps the top (g = 0), NaN y takes code 0 (t is NaN).
 Codes are packed as quantize packs them (4-bit: element i in byte i // 2 at bit 4 * (i % 2)); absmax is
 fp32, one per block. A block holding NaN/Inf has a non-finite absmax (the Python wrapper turns that into
 an error with check_finite=True) and dequantizes to non-finite values; a block of zeros or of subnormals
@@ -151,7 +163,23 @@ def _midpoints(qmap: torch.Tensor) -> torch.Tensor:
     return (q[:-1] + q[1:]) * 0.5
 
 
-def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int):
+def _inverse_gaps(q: torch.Tensor) -> torch.Tensor:
+    """g[k] = 1 / (q[k + 1] - q[k]) in fp32 (two IEEE operations), and g[levels - 1] = 0: stochastic rounding's
+    table, so that y's place between two levels is a subtraction and a multiply."""
+    return torch.cat([1.0 / (q[1:] - q[:-1]), q.new_zeros(1)])
+
+
+def _stochastic_codes(y: torch.Tensor, q: torch.Tensor, seed: int) -> torch.Tensor:
+    """The level at or below y, or the one above it with probability y's place between them (docstring)."""
+    c = torch.searchsorted(q[1:].contiguous(), y, right=True)            # #{k >= 1 : q[k] <= y}
+    c = torch.where(torch.isnan(y), 0, c)
+    t = (y - q[c]) * _inverse_gaps(q)[c]
+    u = rng.uniform(seed, y.numel(), y.device)
+    return c + (u < t).to(torch.int64)
+
+
+def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochastic: bool = False,
+                       seed: int = 0):
     flat = x.reshape(-1).to(torch.float32)
     n = flat.numel()
     nb = num_groups(n, block_size)
@@ -164,7 +192,10 @@ def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int):
     absmax = blocks.abs().amax(dim=1)
     inv = torch.where(absmax >= _MIN_NORMAL, 1.0 / absmax, torch.zeros_like(absmax))
     y = (blocks * inv[:, None]).reshape(-1)[:n]
-    codes = torch.searchsorted(_midpoints(qmap.to(torch.float32)), y)   # #{mid < y}: side="left"
+    q = qmap.reshape(-1).to(torch.float32)
+    if stochastic:
+        return _pack_codes(_stochastic_codes(y, q, seed), bits), absmax
+    codes = torch.searchsorted(_midpoints(q), y)   # #{mid < y}: side="left"
     codes = torch.where(torch.isnan(y), 0, codes)
     return _pack_codes(codes, bits), absmax
 

@@ -324,7 +324,7 @@ def _version(t: torch.Tensor):
         return None
 
 
-def op_quantize_blockwise(x, qmap, block_size) -> None:
+def op_quantize_blockwise(x, qmap, block_size, stochastic=False, seed=0) -> None:
     op = "quantize_blockwise"
     _op_float(op, "x", x)
     _op_same_device(op, x=x, qmap=qmap)

@@ -39,6 +39,7 @@ def _table():
         q = qmaps.MAPS[kind](bits)
         rows += [
             ("quantize_blockwise", (x, q, 32)),
+            ("quantize_blockwise", (x, q, 64, True, 2**40 + 5)),
             ("dequantize_blockwise", (*reference.quantize_blockwise(x, q, 64), q, 64, list(shape), dtype)),
         ]
     return rows
