@@ -5,7 +5,8 @@
                                               # writes bench/results/step_ops_cpu.{csv,md}
     python -m bench.step_ops --quick          # bert-tiny and llama-tiny: a smoke check, writes nothing
                                               # (unless --out is given)
-    python -m bench.step_ops --device fake-cuda   # the optimizer and scheduler phases on fake CUDA tensors
+    python -m bench.step_ops --device fake-cuda   # the optimizer and scheduler phases on fake device tensors
+                                                  # (their CUDA path); the default --device all runs both
 
 Why: on a GPU every non-view op that reaches the dispatcher is about one kernel launch, and a step whose
 kernels are short is bound by the host launching them. The launches are countable without a GPU: this script
@@ -13,8 +14,9 @@ counts them on the CPU, one training step split into its phases, so a change tha
 
 What is counted: every op a `torch.utils._python_dispatch.TorchDispatchMode` sees (bench/op_count.py's
 OpCounter: aten ops after the CompositeImplicitAutograd decompositions, and slimfit's `slimfit::` ops, one each),
-split into views (`func.is_view`: view, t, transpose, expand, ... which launch nothing) and the rest. The
-columns count the rest, the launch proxy; the views of the whole step are one column of their own.
+less what launches nothing: views (`func.is_view`: view, t, transpose, expand, ...) and `prim.` / `profiler.`
+ops (a tensor subclass's `.device` query, the optimizer's record_function marks). The phase columns count the
+rest, the launch proxy; what is left out is one column of its own ("views etc.", the whole step).
 
 Phases of one step, as a training loop writes it:
   forward    loss = model(**batch).loss
@@ -32,16 +34,24 @@ Rows (a fresh model each, random weights from slimfit.architectures, SDPA attent
                      the step taken by slimfit's chunked step
   slimfit-full-state the same with frozen_state=None: the AdamW state in full, torch's foreach step
 Ratios are to the plain row of the same model: total, forward+backward, and the optimizer phase against plain's
-foreach step.
+foreach step. A foreach op counts as one op; CUDA's multi-tensor apply launches its kernel once per batch of
+tensor chunks, a few times over a whole model's parameters, so against plain's foreach step the ratio
+overstates the launch ratio by about that factor.
 
---device fake-cuda: the CUDA branches of the optimizer and the scheduler (the chunked step and the in-step
-scores choose by device) counted on the CPU. The model is built, patched and run through COUNT_STEP - 1 real
-CPU steps, then its parameters, gradients and optimizer state are swapped for fake CUDA tensors of the same
-shapes (torch's FakeTensorMode, as `slimfit plan` runs steps on fake tensors: slimfit/memory/plan/fake.py) and
-the optimizer and scheduler phases of the third step run on them. The forward and backward are not counted
-there: a CPU-only torch build has no CUDA device guard, which autograd's gradient accumulation asks for on the
-first op that needs a gradient, and the process aborts (not an exception). The plan runs its "CUDA" step on fake
-CPU tensors for that reason; its forward and backward ops are the CPU path's, in the CPU table.
+--device fake-cuda: the optimizer's and the scheduler's CUDA branches counted on the CPU. The model is built
+and patched on the CPU, then its parameters are replaced by fake tensors (torch's FakeTensorMode, as `slimfit
+plan` runs steps: slimfit/memory/plan/fake.py, its PlanMode answering host reads of fake data) on a stand-in
+device, before the optimizer and the scheduler are built; every step's gradients are fake tensors for the
+parameters that train (what backward gives them), and the optimizer and scheduler phases of all COUNT_STEP
+steps run on them. The stand-in is `meta`, not `cuda`: a CPU-only torch build has no CUDA device guard, which
+Python indexing of a CUDA tensor asks for (an error: the chunked step slices its pieces that way) and autograd's
+gradient accumulation asks for (the process aborts). slimfit's optimizer and scheduler choose their device path
+by `device.type != "cpu"` (slimfit/scheduler/scores.py, in_step.py, ils.py), so a meta tensor takes the path a
+CUDA one takes, and torch's foreach AdamW keeps its step counters on the CPU for either. Ops that touch no
+device tensor are counted apart ("host ops": those counters, the scheduler's bookkeeping). Not counted there:
+the forward and backward (autograd, above; `slimfit plan --device cuda` runs its step on fake CPU tensors
+too, so their ops are the CPU rows'); and the gradients carry no values, so the scheduler's scores read 0
+and its frozen set is the tie-break's, of the same size as a real one.
 """
 from __future__ import annotations
 
@@ -452,7 +462,9 @@ def header(models: dict, devices, argv, commit: str) -> list[str]:
              "Counted: the ops a TorchDispatchMode sees (aten ops after the CompositeImplicit decompositions, "
              "`slimfit::` ops, one each) that launch a kernel on a GPU: views and `prim.`/`profiler.` ops are left "
              "out of the phase columns and counted under 'views etc.'. On the CPU every other op counts, host-side "
-             "ones too (AdamW's step counters, the scheduler's bookkeeping)."]
+             "ones too (AdamW's step counters, the scheduler's bookkeeping). A foreach op counts once; on CUDA its "
+             "multi-tensor kernel is launched once per batch of tensor chunks, a few times for a whole model's "
+             "parameters, so the ratios to plain's foreach step overstate the launches by about that factor."]
     if "fake-cuda" in devices:
         lines += ["", "fake-cuda rows: the optimizer and scheduler phases with the parameters, gradients and state "
                       f"fake tensors on a non-CPU device (`{FAKE_DEVICE}`: slimfit's optimizer and scheduler take "
