@@ -3,9 +3,11 @@
 code="linear" (8 bits; the default, and every entry written before the dynamic code existed) is below.
 code="dynamic" (8 or 4 bits) is block-wise dynamic quantization, the codec of bitsandbytes' and torchao's
 8-bit Adam: a signed dynamic map for a first moment, sqrt(v) coded with an unsigned map without zero for a
-second one; its format, bounds and the measurement that chose sqrt(v) are in dynamic_code.py. An entry
+second one, rounded stochastically from the same seeds as the linear code (``stochastic=False``: to the
+nearest level); its format, bounds and the measurement that chose sqrt(v) are in dynamic_code.py. An entry
 records its code (``"dynamic": True`` and ``"bits"``; an entry without the key is linear, so older
-checkpoints load) and every function here takes either.
+checkpoints load) and its rounding (``"stochastic"``; a dynamic entry without it was rounded to nearest and
+its pieces stay so), and every function here takes either.
 
 The linear code: ``encode`` quantizes with ``slimfit.kernels.quantize`` (8 bits, per-group min/max over `group_size`
 consecutive elements of the flattened tensor, fp32 scale and offset per group, stochastic rounding from a
@@ -102,11 +104,11 @@ def rounding_loss(scale: torch.Tensor, stochastic: bool) -> torch.Tensor:
 def encode(t: torch.Tensor, *, sqrt: bool, seed: int, group_size: int = 128, stochastic: bool = True,
            code: str = "linear", bits: int = 8) -> dict:
     """The entry of moment ``t`` (``sqrt``: a second moment); ``t`` itself is untouched and can be dropped by
-    the caller. Temporaries: one fp32 copy of ``t`` for the square root. ``code="dynamic"`` (``bits`` 8 or 4)
-    rounds to nearest: ``seed`` and ``stochastic`` apply to the linear code only."""
+    the caller. Temporaries: one fp32 copy of ``t`` for the square root. Either code rounds stochastically
+    from ``seed`` (unbiased), or to the nearest level with ``stochastic=False``; the entry records which."""
     check_code(code, bits, group_size)
     if code == "dynamic":
-        return dynamic_code.encode(t, bool(sqrt), int(group_size), int(bits))
+        return dynamic_code.encode(t, bool(sqrt), int(group_size), int(bits), bool(stochastic), int(seed))
     q = _quantized(t, sqrt, group_size, stochastic, seed)
     return {"codes": q.codes, "scale": q.scale, "offset": q.offset, "shape": tuple(int(s) for s in t.shape),
             "dtype": t.dtype, "group_size": int(group_size), "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
@@ -169,7 +171,7 @@ def zeros_entry(shape, dtype: torch.dtype, device, *, sqrt: bool, group_size: in
     entry is what encode gives zeros (dynamic_code.zeros), which decodes to exactly 0 too."""
     check_code(code, bits, group_size)
     if code == "dynamic":
-        return dynamic_code.zeros(shape, dtype, device, bool(sqrt), int(group_size), int(bits))
+        return dynamic_code.zeros(shape, dtype, device, bool(sqrt), int(group_size), int(bits), bool(stochastic))
     numel = math.prod(int(s) for s in shape)
     groups = -(-numel // group_size)
     return {"codes": torch.zeros(numel, dtype=torch.uint8, device=device),
@@ -205,7 +207,8 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
     end = start + x.numel()
     a, b = _group_range(entry, start, end)
     if _dynamic(entry):
-        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), int(entry["bits"]))
+        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), int(entry["bits"]),
+                                               dynamic_code.rounds_stochastically(entry), seed)
         entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)].copy_(codes)
         entry["absmax"][a:b].copy_(absmax)
         return

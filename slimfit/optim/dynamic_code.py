@@ -3,7 +3,7 @@
 This is the field's codec for optimizer state (bitsandbytes' 8-bit Adam, torchao's AdamW8bit/4bit, Li et
 al.'s 4-bit Adam), on slimfit's own kernels (``slimfit::quantize_blockwise`` / ``dequantize_blockwise``):
 per block of ``group_size`` consecutive elements of the flattened moment, the block's largest magnitude
-(fp32) and, per element, the index of the nearest level of a map (slimfit/kernels/qmaps.py):
+(fp32) and, per element, the index of a level of a map (slimfit/kernels/qmaps.py):
 
   first moment  (exp_avg, momentum_buffer, ...)  the signed dynamic map: 0, +-1e-6 .. +-1 and +1e-7 at
                 8 bits; 0, +-0.01 .. +-1 and +0.001 at 4 bits. An exact 0 (a row that never had a
@@ -12,13 +12,22 @@ per block of ``group_size`` consecutive elements of the flattened moment, the bl
                 ZERO level (1e-8 .. 1 at 8 bits, 1e-4 .. 1 at 4 bits), restored v̂ = ŝ². A nonzero v is
                 never restored as 0 (which would make AdamW's m / (sqrt(v) + eps) explode) unless ŝ² underflows
                 fp32: a block whose largest v is below ~1e-29 (8-bit) or ~1e-37 (4-bit). A block of zeros is
-                restored as zeros. A small s is restored at the smallest level or above it (never below half
-                its distance to the next one): v is over- rather than underestimated down there.
+                restored as zeros. An s below the smallest level is restored at that level: v is over- rather
+                than underestimated down there.
 
-Rounding is to nearest (a tie to the lower level), as bitsandbytes and torchao do: nothing is drawn, so
-the rounding seed is not used. Bounds, per element of a block with largest magnitude A (of m, or of s):
-|x̂ - x| <= A * (half the gap between the two levels around x / A), plus a few fp32 ulps of A; below the
-smallest nonzero level, x̂ is that level times A or 0 (the signed map's zero).
+Rounding (the entry's ``"stochastic"``): stochastic by default, as the linear code's: x / A goes to one of
+the two levels around it, the upper with probability its place between them, drawn from the codec's seed
+(per piece and step: FrozenState.seed_for) by the counter-based uniforms of slimfit/kernels/rng.py, so an
+encode is deterministic given the step and piece. It is unbiased (E[x̂] = x up to 2**-24 of the gap): under
+compress_all, where every moment is decoded, stepped and encoded again at every step, a moment that changes
+by less than half a gap per step still follows (a v decaying by beta2 = 0.999 from 1e-4 of its block's
+absmax reaches 6.1e-5 after 500 steps, exactly 6.06e-5; nearest rounding holds it at 1e-4:
+tests/optim/test_scheduler_state_code.py). ``stochastic=False`` rounds to the nearest level (a tie to the
+lower one), as bitsandbytes and torchao do; an entry without the key was written so and its pieces stay so.
+Bounds, per element of a block with largest magnitude A (of m, or of s): |x̂ - x| <= A * (the gap between the
+two levels around x / A; half of it rounding to nearest), plus a few fp32 ulps of A; below the smallest
+nonzero level, x̂ is that level times A or 0 (the signed map's zero; a stochastic draw picks either). One
+encode's error is larger stochastic than nearest (the table below), the price of no drift across encodes.
 
 Why sqrt(v) and not v (measured by ``python -m bench.codec_error``, bench/results/codec_error_cpu.md: AdamW
 moments of MiniLM-L6 after 100 steps fine-tuning on Rotten Tomatoes, batch 16, lr 5e-5; 22.7M elements, 41%
@@ -54,7 +63,7 @@ import torch
 from slimfit.kernels import qmaps
 from slimfit.kernels.validation import BLOCKWISE_BLOCK_SIZES
 
-__all__ = ["BITS", "encode", "restore", "zeros", "nbytes", "code_slice", "quantized"]
+__all__ = ["BITS", "encode", "restore", "zeros", "nbytes", "code_slice", "quantized", "rounds_stochastically"]
 
 BITS = (8, 4)
 
@@ -77,19 +86,32 @@ def _map(sqrt: bool, bits: int, like: torch.Tensor) -> torch.Tensor:
     return qmaps.on_device("unsigned" if sqrt else "signed", bits, like)
 
 
-def quantized(t: torch.Tensor, sqrt: bool, group_size: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, absmax) of ``t`` (its square root for a second moment). Temporaries: an fp32 sqrt copy."""
+def rounds_stochastically(entry: dict) -> bool:
+    """Whether the entry's codes were drawn by stochastic rounding (and its pieces are encoded so again); an
+    entry without the key was written by the nearest rounding, which was the only one then."""
+    return bool(entry.get("stochastic", False))
+
+
+def quantized(t: torch.Tensor, sqrt: bool, group_size: int, bits: int, stochastic: bool = False,
+              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, absmax) of ``t`` (its square root for a second moment), rounded to the nearest level or
+    stochastically from ``seed``. Temporaries: an fp32 sqrt copy."""
     x = t.detach()
     if sqrt:
         x = x.float().clamp_min(0).sqrt_()   # v >= 0 by construction; clamp keeps a stray -0.0 or -tiny out of NaN
-    return torch.ops.slimfit.quantize_blockwise(x, _map(sqrt, bits, x), group_size)
+    return torch.ops.slimfit.quantize_blockwise(x, _map(sqrt, bits, x), group_size, bool(stochastic), int(seed))
 
 
-def encode(t: torch.Tensor, sqrt: bool, group_size: int, bits: int) -> dict:
+def _entry(codes, absmax, shape, dtype, sqrt: bool, group_size: int, bits: int, stochastic: bool) -> dict:
+    return {"codes": codes, "absmax": absmax, "shape": tuple(int(s) for s in shape), "dtype": dtype,
+            "group_size": int(group_size), "sqrt": bool(sqrt), "dynamic": True, "bits": int(bits),
+            "stochastic": bool(stochastic)}
+
+
+def encode(t: torch.Tensor, sqrt: bool, group_size: int, bits: int, stochastic: bool = False, seed: int = 0) -> dict:
     check(group_size, bits)
-    codes, absmax = quantized(t, sqrt, group_size, bits)
-    return {"codes": codes, "absmax": absmax, "shape": tuple(int(s) for s in t.shape), "dtype": t.dtype,
-            "group_size": int(group_size), "sqrt": bool(sqrt), "dynamic": True, "bits": int(bits)}
+    codes, absmax = quantized(t, sqrt, group_size, bits, stochastic, seed)
+    return _entry(codes, absmax, t.shape, t.dtype, sqrt, group_size, bits, stochastic)
 
 
 def restore(entry: dict, codes, absmax, shape: tuple, device) -> torch.Tensor:
@@ -111,10 +133,11 @@ def code_slice(entry: dict, start: int, end: int) -> slice:
     return slice(start * bits // 8, -(-end * bits // 8))
 
 
-def zeros(shape, dtype: torch.dtype, device, sqrt: bool, group_size: int, bits: int) -> dict:
+def zeros(shape, dtype: torch.dtype, device, sqrt: bool, group_size: int, bits: int, stochastic: bool = False) -> dict:
     """The entry encode gives an all-zero moment, made without the moment: every code the one of y = 0 (the
     signed map's zero level; the unsigned map's smallest, times absmax 0), the unused high bits of a last
-    half-filled byte zero, every absmax 0."""
+    half-filled byte zero, every absmax 0. Either rounding gives these codes: y = 0 is a level of the signed
+    map, and lies below every level of the unsigned one."""
     check(group_size, bits)
     numel = math.prod(int(s) for s in shape)
     zero = qmaps.code_of_zero("unsigned" if sqrt else "signed", bits)
@@ -123,6 +146,5 @@ def zeros(shape, dtype: torch.dtype, device, sqrt: bool, group_size: int, bits: 
                        device=device)
     if bits == 4 and numel % 2:
         codes[-1] = zero
-    return {"codes": codes, "absmax": torch.zeros(-(-numel // group_size), dtype=torch.float32, device=device),
-            "shape": tuple(int(s) for s in shape), "dtype": dtype, "group_size": int(group_size),
-            "sqrt": bool(sqrt), "dynamic": True, "bits": int(bits)}
+    absmax = torch.zeros(-(-numel // group_size), dtype=torch.float32, device=device)
+    return _entry(codes, absmax, shape, dtype, sqrt, group_size, bits, stochastic)
