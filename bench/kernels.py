@@ -159,8 +159,9 @@ def build_cases(ops, numel: int, dtypes, device) -> list[Case]:
 
 def _blockwise_cases(op: str, name: str, x, numel: int, es: int) -> list[Case]:
     """Block-wise dynamic quantization with the optimizer codec's maps (slimfit/kernels/qmaps.py), block
-    GROUP_SIZE; a second moment's input is non-negative (|x|). Bytes: the input (or the codes and one fp32
-    absmax per block) and the map read, the codes and maxima (or the output) written."""
+    GROUP_SIZE, rounded to nearest and stochastically (the codec's rounding; seed SEED); a second moment's
+    input is non-negative (|x|). Bytes: the input (or the codes and one fp32 absmax per block) and the map
+    read (stochastic: and its table of inverse gaps, as large), the codes and maxima (or the output) written."""
     from slimfit.kernels import qmaps
 
     out = []
@@ -171,6 +172,8 @@ def _blockwise_cases(op: str, name: str, x, numel: int, es: int) -> list[Case]:
         config = f"{bits}-bit {kind} b{GROUP_SIZE}"
         if op == "quantize_blockwise":
             out.append(Case(op, config, name, numel, (xs, q, GROUP_SIZE), numel * es + q.numel() * 4, packed))
+            out.append(Case(op, f"{config} stochastic", name, numel, (xs, q, GROUP_SIZE, True, SEED),
+                            numel * es + q.numel() * 8, packed))
         else:
             codes, absmax = reference.quantize_blockwise(xs, q, GROUP_SIZE)
             out.append(Case(op, config, name, numel, (codes, absmax, q, GROUP_SIZE, [numel], x.dtype),

@@ -73,5 +73,7 @@ def test_byte_counts_are_exact(bench_kernels):
     assert (p.bytes_read, p.bytes_written) == (1000, 125)
     b = by[("quantize_blockwise", "4-bit signed b128")]                   # 16-level map read: 64 bytes
     assert (b.bytes_read, b.bytes_written) == (2000 + 64, 500 + 4 * 8)   # 8 blocks: one fp32 absmax each
+    b = by[("quantize_blockwise", "8-bit unsigned b128 stochastic")]    # the map and its inverse gaps read
+    assert (b.bytes_read, b.bytes_written) == (2000 + 2048, 1000 + 4 * 8) and b.args[3:] == (True, bench_kernels.SEED)
     b = by[("dequantize_blockwise", "8-bit unsigned b128")]
     assert (b.bytes_read, b.bytes_written) == (1000 + 4 * 8 + 1024, 2000)

@@ -1,9 +1,11 @@
 """Code maps of block-wise dynamic quantization (slimfit::quantize_blockwise): sorted fp32 levels in [-1, 1].
 
 A block of values is divided by its largest magnitude (absmax), so every value y lies in [-1, 1]; its code
-is the index of the nearest level of the map. A linear grid spends most of its levels on the top decade of
-a block: a small value next to a large one rounds to 0. Optimizer moments span decades inside a block, so
-the maps below are *dynamic*: a few levels per decade all the way down, most levels in the top decade.
+is the index of the nearest level of the map, or with stochastic rounding of one of the two levels around y
+(the upper with probability y's place between them: slimfit/kernels/reference.py). A linear grid spends
+most of its levels on the top decade of a block: a small value next to a large one rounds to 0. Optimizer
+moments span decades inside a block, so the maps below are *dynamic*: a few levels per decade all the way
+down, most levels in the top decade.
 
 The dynamic tree (Dettmers, "8-bit approximations for parallelism in deep learning", 2016; the map of
 bitsandbytes' 8-bit optimizers): a code is a sign bit, then E zero bits (the decade: a factor 10^-E), a 1
@@ -32,8 +34,8 @@ linear_unsigned(bits)
                 (no zero either). Kept for the measurement that chose the codec's map (codec.py).
 
 Relative levels (smallest nonzero magnitude .. largest), and the largest relative gap between two
-neighbouring levels in the top decade (half of it bounds the rounding error of a value there, relative
-to its block's absmax):
+neighbouring levels in the top decade (half of it bounds the nearest rounding's error of a value there,
+relative to its block's absmax; the whole of it the stochastic rounding's):
 
     map                smallest   largest   levels   top-decade step
     signed(8)          1e-7       1         256      0.9 / 64  = 0.0141
