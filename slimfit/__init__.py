@@ -1,5 +1,5 @@
 """slimfit: fine-tune transformers in far less accelerator memory."""
-from . import kernels, optim  # optim registers the scheduler's frozen_state (slimfit/scheduler/extensions.py)
+from . import kernels, optim  # optim: the optimizer state the scheduler attaches (docs/optim.md)
 from .config import AttentionSaving, LinearSampling, SlimFitConfig
 
 # slimfit.patch / slimfit.unpatch are the functions; their package is slimfit.patching.

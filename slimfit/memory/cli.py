@@ -313,17 +313,31 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adamw (torch) or adamw8bit (torchao, when installed)")
     parser.add_argument("--task", choices=[models.TEXT_CLS, models.CAUSAL_LM, models.IMAGE_CLS], default=None,
                         help="override the task the config implies")
+    parser.add_argument("--optimizer-state", choices=["auto", "8bit", "8bit-frozen", "host-frozen", "full"],
+                        default=None,
+                        help="with a freeze rate, how AdamW's moments are held (ILSScheduler's optimizer_state): "
+                             "every layer's 8-bit (8bit), the frozen layers' 8-bit (8bit-frozen), the frozen "
+                             "layers' in host memory (host-frozen; saves only on a GPU), or in full (full); auto "
+                             "(the scheduler's default) is 8bit with adamw, nothing held with adamw8bit")
     parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload", "compress_all"],
-                        default="auto",
-                        help="with a freeze rate: every layer's AdamW state held 8-bit (compress_all; auto, the "
-                             "scheduler's default, is compress_all where the optimizer's step can hold it, else "
-                             "compress), the frozen layers' only (compress), in host memory (offload; saves only on "
-                             "a GPU), or in full (none)")
+                        default=None, help=argparse.SUPPRESS)   # --optimizer-state's older name and values
     parser.add_argument("--fit", default=None, metavar="BUDGET",
-                        help="search presets, rates, frozen-state options, LoRA and checkpointing at this batch "
+                        help="search presets, rates, optimizer-state options, LoRA and checkpointing at this batch "
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
 
 
+
+
+def _optimizer_state(args) -> str:
+    """--optimizer-state, or --frozen-state (its older name) read as it; "auto" when neither is given."""
+    from .._optimizer_state import from_frozen_state
+
+    legacy = None if args.frozen_state is None else from_frozen_state(
+        None if args.frozen_state == "none" else args.frozen_state)
+    if legacy is not None and args.optimizer_state not in (None, legacy):
+        raise SystemExit(f"slimfit plan: --optimizer-state {args.optimizer_state} and --frozen-state "
+                         f"{args.frozen_state} (its older name) disagree; give --optimizer-state alone")
+    return args.optimizer_state or legacy or "auto"
 
 
 def _spec(args, **changes):
@@ -334,7 +348,7 @@ def _spec(args, **changes):
                   optimizer=args.optimizer, preset=args.preset, rate=freeze_rate_of(args), lora=args.lora,
                   checkpointing=args.checkpointing, attn=args.attn_implementation, device=args.device,
                   task=args.task, seed=args.seed,
-                  frozen_state=None if args.frozen_state == "none" else args.frozen_state)
+                  optimizer_state=_optimizer_state(args))
     values.update(changes)
     return StepSpec(args.model, **values)
 

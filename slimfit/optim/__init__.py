@@ -14,36 +14,22 @@ Three tools, usable together:
                    elements at a time, bit for bit the same (chunked_step.py); the scheduler attaches one
                    by default (``SchedulerConfig.step_chunk_numel``) and scores its trained layers in it.
 
-The scheduler (slimfit.scheduler, pure Python) knows nothing of this package: FrozenState registers a
-callback with ``ILSScheduler.register_frozen_set_hook``, and this package registers the factory that
-``SchedulerConfig(frozen_state="compress" | "offload")`` calls (slimfit/scheduler/extensions.py).
+The scheduler (slimfit.scheduler, pure Python) imports this package only inside
+``ILSScheduler.attach_optimizer``, when its config asks for a chunked step or held moments: attach.py's
+``attach_optimizer_side`` attaches both, with "auto" resolved by slimfit/_optimizer_state.py (the optimizer
+state's vocabulary, shared with the scheduler and the planner). FrozenState follows the scheduler through
+its public ``register_frozen_set_hook``.
 """
-from slimfit.scheduler.config import STATE_CODES
-from slimfit.scheduler.extensions import register_chunked_step, register_frozen_state
-
+from .attach import attach_optimizer_side
 from .checkpoint import held_state_dict, restore_state, set_checkpoint_format
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .codec import decode, encode, encoded_nbytes
 from .frozen_state import MODES, FrozenState, attach_frozen_state
 from .in_backward import CLIPPING_OPTIONS, InBackwardOptimizer, step_in_backward
 
-
-# SchedulerConfig(frozen_state=...): the scheduler calls this when an optimizer is attached
-def _scheduler_frozen_state(scheduler, optimizer, mode: str) -> FrozenState:
-    """SchedulerConfig.frozen_state's holder: "compress_all" is compress with every layer's state held
-    between steps, coded as SchedulerConfig.state_code says. The rounding seeds follow the run's seed (rank
-    0's under torch.distributed, so that every replica rounds alike)."""
-    between = mode == "compress_all"
-    code, bits = STATE_CODES[scheduler.config.state_code]
-    return attach_frozen_state(scheduler, optimizer, mode="compress" if between else mode,
-                               seed=scheduler.run_seed % 2**62, between_steps=between, code=code, bits=bits)
-
-
-register_frozen_state(_scheduler_frozen_state)
-register_chunked_step(attach_chunked_step)
-
 __all__ = [
     "FrozenState", "attach_frozen_state", "MODES", "restore_state", "set_checkpoint_format", "held_state_dict",
     "encode", "decode", "encoded_nbytes",
     "InBackwardOptimizer", "step_in_backward", "CLIPPING_OPTIONS", "ChunkedStep", "attach_chunked_step",
+    "attach_optimizer_side",
 ]

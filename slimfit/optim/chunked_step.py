@@ -42,8 +42,7 @@ import weakref
 
 import torch
 
-from slimfit.scheduler.config import DEFAULT_STEP_CHUNK_NUMEL
-from slimfit.scheduler.optim import unwrap_optimizer
+from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 
 from .held_step import is_held, new_held_state, step_held
 from .keys import held_key

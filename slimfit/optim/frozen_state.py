@@ -23,7 +23,7 @@ still held and a gradient is restored just before that step when it requires gra
 hand); when it is frozen (a zero-filled gradient) its gradient is dropped instead, as the scheduler's guard does.
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.7, optimizer=opt, optimizer_state="full")
     frozen_state = attach_frozen_state(sched, opt, mode="compress")
 
 With ``between_steps=True`` the state of the trained layers is held too, between their own steps (an 8-bit
@@ -33,10 +33,11 @@ parameter's state in full at a time); with a plain torch Adam/AdamW under a Chun
 moments are never put back: the chunked step decodes, updates and encodes them a piece at a time
 (held_step.py).
 
-``SchedulerConfig.frozen_state`` attaches one ("auto", the default: compress; "offload"; "compress_all":
-compress with between_steps=True; None: none), or
-``attach_frozen_state`` by hand on a scheduler with ``frozen_state=None`` (two holders on one scheduler are
-refused). What compressing costs in accuracy, and why it is the default: docs/fidelity.md.
+``SchedulerConfig.optimizer_state`` attaches one (slimfit/optim/attach.py): "8bit" is compress with
+between_steps=True, "8bit-frozen" compress, "host-frozen" offload, "full" none, and "auto", the default, "8bit"
+where the optimizer's step can hold every state, else "8bit-frozen" (slimfit/_optimizer_state.py). Or
+``attach_frozen_state`` by hand on a scheduler with ``optimizer_state="full"`` (two holders on one scheduler
+are refused). What compressing costs in accuracy, and why it is the default: docs/fidelity.md.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import weakref
 
 import torch
 
-from slimfit.scheduler.optim import unwrap_optimizer
+from slimfit._optimizer_state import unwrap_optimizer
 
 from . import checkpoint, chunked_step, codec
 from .keys import HOST, Q8, base_key, held_key
@@ -136,13 +137,13 @@ class FrozenState:
             raise ValueError("FrozenState: the scheduler's frozen_update='momentum' steps frozen layers with their "
                              "moments every step, so their optimizer state must stay resident; use the default "
                              "frozen_update='none' with compressed or offloaded frozen state")
-        own = getattr(scheduler, "_frozen_state", None)
+        own = getattr(scheduler, "state_holder", None)
         if own is not None and own is not self:
             raise ValueError(f"FrozenState: this scheduler already holds its frozen layers' optimizer state "
-                             f"(SchedulerConfig.frozen_state={scheduler.config.frozen_state!r}, mode "
+                             f"(SchedulerConfig.optimizer_state={scheduler.config.optimizer_state!r}, mode "
                              f"{own.mode!r}); two holders would hold the same state twice. Choose the mode there "
-                             "(ILSScheduler(..., frozen_state='offload')), or build the scheduler with "
-                             "frozen_state=None to attach your own")
+                             "(ILSScheduler(..., optimizer_state='host-frozen')), or build the scheduler with "
+                             "optimizer_state='full' (frozen_state=None) to attach your own")
         if self._scheduler_handle is not None:
             self._scheduler_handle.remove()
         self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)

@@ -35,6 +35,16 @@ from slimfit._config_base import is_number as _is_number
 from slimfit._config_base import number_fix as _number_fix
 from slimfit._config_base import real as _real
 from slimfit._config_base import shown as _shown
+from slimfit._optimizer_state import (
+    DEFAULT_OPTIMIZER_STATE,
+    DEFAULT_STEP_CHUNK_NUMEL,
+    FROZEN_STATES,
+    OPTIMIZER_STATES,
+    STATE_CODES,
+    from_frozen_state,
+    resolve_state_mode,
+    to_frozen_state,
+)
 
 from .candidates import KINDS, TASK_HEAD
 from .optim import FROZEN_UPDATES
@@ -43,7 +53,7 @@ from .selection import ROUNDINGS
 
 __all__ = ["SchedulerConfig", "ExperimentalOptions", "CONFIG_VERSION", "CONFIG_NAME", "ALL_KINDS",
            "DEFAULT_SCHEDULED_KINDS", "EVEN_SHARE", "MAIN_SCORES", "EXPERIMENTAL_SCORES", "UPDATE_SCALES",
-           "RUNTIME_FIELDS"]
+           "RUNTIME_FIELDS", "OPTIMIZER_STATES", "STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL"]
 
 # to_dict()'s "version": bumped when a saved field changes meaning; from_dict refuses the versions it does not know.
 CONFIG_VERSION = 1
@@ -63,18 +73,11 @@ UPDATE_SCALES = ("none", "share", "sqrt_share")
 # Fields that bind a config to one process or one model object rather than describe the schedule: a
 # scheduler's state_dict leaves them out (it saves the layer names and shapes instead).
 RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", "chunk_numel", "step_chunk_numel")
-# step_chunk_numel: elements per call of the chunked optimizer step (slimfit.optim.ChunkedStep); 2**20 is
-# 4 MiB per fp32 temporary and a multiple of the score's block (scores.BLOCK_NUMEL).
-DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
-# frozen_state: how an attached optimizer's state of the frozen layers is held (slimfit.optim.FrozenState);
-# "auto" is "compress_all" (or "compress" where the optimizer's step cannot hold every state) unless the
-# experimental frozen_update="momentum" reads that state every step.
-# "compress_all": every layer's moments 8-bit, trained ones too (decoded a piece at a time in the chunked step).
-FROZEN_STATES = ("compress", "offload", "compress_all")
-FROZEN_STATE_AUTO = "auto"
-# state_code: how a held moment is coded: "linear8" (per-group min/max, stochastic rounding), "dynamic8" /
-# "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a zero-free map for a second).
-STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4)}
+# step_chunk_numel's default (DEFAULT_STEP_CHUNK_NUMEL), optimizer_state's values (OPTIMIZER_STATES) and the
+# codes of state_code (STATE_CODES) are the optimizer state's vocabulary: slimfit/_optimizer_state.py, shared
+# with slimfit.optim and the planner. A frozen_state value given for optimizer_state (FROZEN_STATES) is read
+# as its optimizer_state name.
+_NO_FROZEN_STATE = "<frozen_state not given>"
 # weight_rounding: how the chunked step writes bf16 / fp16 weights: "nearest" (torch's step, bit for bit) or
 # "stochastic" (the update computed in fp32, the weight rounded stochastically: slimfit/optim/weight_rounding.py).
 WEIGHT_ROUNDINGS = ("nearest", "stochastic")
@@ -222,8 +225,7 @@ _CHECKS = {
     "base_bytes": lambda c, v: _real(_C, "base_bytes", v, "a finite number of bytes >= 0", lambda b: b >= 0, 0),
     "release_state_after": lambda c, v: _int(_C, "release_state_after", v, 1, "consecutive frozen steps", 50,
                                              optional=True),
-    "frozen_state": lambda c, v: None if v is None else _choice(_C, "frozen_state", v,
-                                                                (FROZEN_STATE_AUTO,) + FROZEN_STATES),
+    "optimizer_state": lambda c, v: _choice(_C, "optimizer_state", v, OPTIMIZER_STATES),
     "state_code": lambda c, v: _choice(_C, "state_code", v, tuple(STATE_CODES)),
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
@@ -306,21 +308,26 @@ class SchedulerConfig(ConfigBase):
     base_bytes         activation bytes no freezing removes (the unscheduled candidates' bytes are added).
     release_state_after  with an attached optimizer, drop a layer's optimizer state once it has been frozen
                        this many consecutive steps (it restarts from fresh state). None: keep all state.
-    frozen_state       with an attached optimizer, hold the frozen layers' optimizer state while they are
-                       frozen: "compress" (moments 8-bit, 3.76x fewer bytes, lossy) or "offload" (to host
-                       memory; on a GPU, lossless); "compress_all": every layer's moments 8-bit, the trained
-                       ones too (updated a piece at a time inside the chunked step, or between their own
-                       steps with step_in_backward: an 8-bit AdamW); None keeps it as the optimizer made it
-                       (docs/optim.md).
-                       "auto" (the default): "compress_all" where the optimizer's step can hold every state (a
-                       torch Adam/AdamW under the chunked step, or step_in_backward), else "compress"; None under
-                       experimental frozen_update="momentum"; chosen by the accuracy protocols (docs/fidelity.md).
-    state_code         how frozen_state="compress" / "compress_all" code a moment: "linear8" (the default: 8-bit
+    optimizer_state    with an attached optimizer, how its state (AdamW's moments) is held: "8bit" (every
+                       layer's moments 8-bit, the trained ones too: updated a piece at a time inside the chunked
+                       step, or between their own steps with step_in_backward; an 8-bit AdamW), "8bit-frozen"
+                       (the frozen layers' moments 8-bit while frozen: 3.76x fewer bytes, lossy), "host-frozen"
+                       (the frozen layers' moments in host memory while frozen; on a GPU, lossless) or "full"
+                       (as the optimizer made it) (docs/optim.md).
+                       "auto" (the default): "8bit" where the optimizer's step can hold every state (a torch
+                       Adam/AdamW under the chunked step, or step_in_backward), else "8bit-frozen"; "full" under
+                       experimental frozen_update="momentum"; chosen by the accuracy protocols
+                       (docs/fidelity.md). One rule, shared with slimfit.optim and the planner:
+                       slimfit/_optimizer_state.py's resolve_state_mode (``state_mode()``).
+                       ``frozen_state=`` (keyword, saved configs) is its older name, read as it: "auto",
+                       "compress_all" ("8bit"), "compress" ("8bit-frozen"), "offload" ("host-frozen"), None
+                       ("full"); the attribute ``frozen_state`` gives optimizer_state in those names.
+    state_code         how optimizer_state="8bit-frozen" / "8bit" code a moment: "linear8" (the default: 8-bit
                        per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
                        dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the
-                       second), rounded to nearest. Re-encoded at every step (compress_all), nearest rounding
+                       second), rounded to nearest. Re-encoded at every step ("8bit"), nearest rounding
                        holds a moment whose change per step is below half a level where it is: not for
-                       compress_all until the dynamic code rounds stochastically (docs/fidelity.md).
+                       "8bit" until the dynamic code rounds stochastically (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -356,7 +363,7 @@ class SchedulerConfig(ConfigBase):
     budget_bytes: Optional[float] = None
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
-    frozen_state: Optional[str] = FROZEN_STATE_AUTO
+    optimizer_state: str = DEFAULT_OPTIMIZER_STATE
     state_code: str = "linear8"
     distributed: Optional[bool] = None
     process_group: Any = None
@@ -365,21 +372,25 @@ class SchedulerConfig(ConfigBase):
     weight_rounding: str = "nearest"
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)
+    # optimizer_state's older name, read as it (not a field: to_dict writes optimizer_state); the attribute
+    # frozen_state reads optimizer_state back in that vocabulary (the property below the class).
+    frozen_state: dataclasses.InitVar[Optional[str]] = _NO_FROZEN_STATE
 
     CONFIG_NAME = CONFIG_NAME          # the JSON file of save_pretrained (not a field: no annotation)
     CONFIG_VERSION = CONFIG_VERSION
 
-    def __post_init__(self):
+    def __post_init__(self, frozen_state=_NO_FROZEN_STATE):
+        _take_frozen_state(self, frozen_state)
         for name, check in _CHECKS.items():
             object.__setattr__(self, name, check(self, getattr(self, name)))
         if (self.memory_aware or self.budget_bytes is not None) and self.activation_bytes is None:
             raise ValueError("SchedulerConfig: memory_aware=True and budget_bytes need activation_bytes (a dict "
                              "name -> bytes or a callable); slimfit.scheduler.estimate_activation_bytes(model, batch) "
                              "measures them")
-        if self.frozen_state in FROZEN_STATES and self.experimental.frozen_update != "none":
-            raise ValueError(f"SchedulerConfig: frozen_state={self.frozen_state!r} holds the frozen layers' optimizer "
-                             "state, while experimental frozen_update='momentum' steps them with it every step; "
-                             "keep one (frozen_state=None for the momentum runs)")
+        if self.optimizer_state not in ("auto", "full") and self.experimental.frozen_update != "none":
+            raise ValueError(f"SchedulerConfig: optimizer_state={self.optimizer_state!r} holds the frozen layers' "
+                             "optimizer state, while experimental frozen_update='momentum' steps them with it every "
+                             "step; keep one (optimizer_state='full', frozen_state=None, for the momentum runs)")
         if self.experimental.score is not None and self.score != "relative":
             raise ValueError(f"SchedulerConfig: score={self.score!r} and experimental.score="
                              f"{self.experimental.score!r} ask for two scores; keep one")
@@ -393,14 +404,18 @@ class SchedulerConfig(ConfigBase):
             kinds = ALL_KINDS if self.layers is not None else DEFAULT_SCHEDULED_KINDS
         return KINDS if kinds == ALL_KINDS else kinds
 
+    def state_mode(self, step: str = "every") -> Optional[str]:
+        """What optimizer_state holds with an optimizer whose step can hold ``step`` ("every", "frozen" or
+        "none"; slimfit/_optimizer_state.py's resolve_state_mode, the one rule): "8bit", "8bit-frozen",
+        "host-frozen" or None (nothing: "full", or "auto" under the experimental frozen_update="momentum",
+        which steps frozen layers with that state)."""
+        return resolve_state_mode(self.optimizer_state, step, self.experimental.frozen_update != "none")
+
     @property
     def frozen_state_mode(self) -> Optional[str]:
-        """How the optimizer state is held: frozen_state with "auto" resolved ("compress_all", which the
-        scheduler narrows to "compress" for an optimizer whose step cannot hold every state, or None under the
-        experimental frozen_update="momentum", which steps frozen layers with that state)."""
-        if self.frozen_state != FROZEN_STATE_AUTO:
-            return self.frozen_state
-        return "compress_all" if self.experimental.frozen_update == "none" else None
+        """state_mode() where the step can hold every state, in frozen_state's names ("compress_all",
+        "compress", "offload" or None), for code written against those names."""
+        return to_frozen_state(self.state_mode("every"))
 
     @property
     def effective_score(self) -> str:
@@ -423,7 +438,10 @@ class SchedulerConfig(ConfigBase):
         elif not isinstance(config, cls):
             raise TypeError(f"config must be a SchedulerConfig or a freeze rate (a number such as 0.7), got "
                             f"{_shown(config)}{_config_hint(config)}")
-        return dataclasses.replace(config, **_route(config, options)) if options else config
+        if not options:
+            return config
+        # frozen_state: given, it was read as optimizer_state by _route; not given, not the base's read back
+        return dataclasses.replace(config, **_route(config, options), frozen_state=_NO_FROZEN_STATE)
 
     def replace(self, **changes) -> "SchedulerConfig":
         """This config with fields changed, experimental ones by name too (validated again)."""
@@ -488,9 +506,7 @@ class SchedulerConfig(ConfigBase):
                 if name in values["experimental"]:
                     values.setdefault(name, values["experimental"][name])
             values["experimental"] = _experimental_from_dict(values["experimental"])
-        # Saved before the field existed: such a run held no frozen state (coded linearly when it held some),
-        # and a resumed one keeps to that.
-        values.setdefault("frozen_state", None)
+        _optimizer_state_from_dict(values)
         values.setdefault("state_code", "linear8")
         values.update(changes)
         lost = sorted(k for k, v in values.items() if isinstance(v, str) and v == NOT_SAVED)
@@ -504,7 +520,48 @@ class SchedulerConfig(ConfigBase):
 # ---------------------------------------------------------------------------------------------- helpers
 _MAIN = frozenset(f.name for f in dataclasses.fields(SchedulerConfig) if f.init)
 _EXPERIMENTAL = frozenset(f.name for f in dataclasses.fields(ExperimentalOptions))
-_SHORTHAND = _MAIN | _EXPERIMENTAL
+_SHORTHAND = _MAIN | _EXPERIMENTAL | {"frozen_state"}
+
+
+def _frozen_state_of(config) -> Optional[str]:
+    """SchedulerConfig.frozen_state: optimizer_state in frozen_state's names ("auto", "compress_all",
+    "compress", "offload" or None)."""
+    return to_frozen_state(config.optimizer_state)
+
+
+SchedulerConfig.frozen_state = property(_frozen_state_of)   # after the dataclass took the InitVar's default
+
+
+def _frozen_state_value(value) -> str:
+    """optimizer_state's name of a frozen_state value, refused in the config's error style."""
+    try:
+        return from_frozen_state(value)
+    except ValueError:
+        raise _error(_C, "frozen_state", f"one of {FROZEN_STATES} (optimizer_state's older names)", value,
+                     _did_you_mean(value, FROZEN_STATES) or f"or optimizer_state, one of {OPTIMIZER_STATES}") from None
+
+
+def _take_frozen_state(config, frozen_state) -> None:
+    """SchedulerConfig(frozen_state=...): the value read as optimizer_state (both given: they must agree)."""
+    if isinstance(frozen_state, str) and frozen_state == _NO_FROZEN_STATE:
+        return
+    mode = _frozen_state_value(frozen_state)
+    if config.optimizer_state not in (DEFAULT_OPTIMIZER_STATE, mode):
+        raise ValueError(f"SchedulerConfig: optimizer_state={config.optimizer_state!r} and frozen_state="
+                         f"{frozen_state!r} (its older name) disagree; give optimizer_state alone (cfg.replace(...) "
+                         "changes a config)")
+    object.__setattr__(config, "optimizer_state", mode)
+
+
+def _optimizer_state_from_dict(values: dict) -> None:
+    """A saved dict's frozen_state read as optimizer_state; neither saved: the file was written before slimfit
+    held any optimizer state, so a resumed run holds none ("full")."""
+    if "frozen_state" in values:
+        mode = _frozen_state_value(values.pop("frozen_state"))
+        if values.setdefault("optimizer_state", mode) != mode:
+            raise ValueError(f"SchedulerConfig.from_dict: optimizer_state={values['optimizer_state']!r} and "
+                             f"frozen_state (its older name, {to_frozen_state(mode)!r}) disagree")
+    values.setdefault("optimizer_state", "full")
 
 
 def _route(base: SchedulerConfig, options: dict) -> dict:
@@ -516,6 +573,11 @@ def _route(base: SchedulerConfig, options: dict) -> dict:
         raise TypeError(f"unknown scheduler option(s) {', '.join(hints)}; the options are the fields of "
                         f"SchedulerConfig: {', '.join(sorted(_SHORTHAND))}")
     main = {k: v for k, v in options.items() if k in _MAIN}
+    if "frozen_state" in options:   # optimizer_state's older name
+        mode = _frozen_state_value(options["frozen_state"])
+        if main.setdefault("optimizer_state", mode) != mode:
+            raise ValueError(f"SchedulerConfig: optimizer_state={main['optimizer_state']!r} and frozen_state="
+                             f"{options['frozen_state']!r} (its older name) disagree; give optimizer_state alone")
     part = {k: v for k, v in options.items() if k in _EXPERIMENTAL and k not in _MAIN}
     score = main.get("score")
     if isinstance(score, str) and score in EXPERIMENTAL_SCORES:

@@ -43,6 +43,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from slimfit._optimizer_state import from_frozen_state, holds_any
+
 from . import budget as _budget
 from .candidates import (
     KINDS,
@@ -56,9 +58,8 @@ from .candidates import (
     task_head_names,
     unwrap_model,
 )
-from .config import EVEN_SHARE, FROZEN_STATE_AUTO, RUNTIME_FIELDS, SchedulerConfig
+from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
-from .extensions import chunked_step_factory, frozen_state_factory
 from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import BlockSums, compute_scores
@@ -219,6 +220,18 @@ def _other_owners(scheduler: "ILSScheduler", optimizer) -> tuple:
         gc.collect()
 
 
+def _saved_options(saved):
+    """A state's saved options with optimizer_state's older name (frozen_state) read as it, so that a change
+    of it is reported too."""
+    if not isinstance(saved, dict) or "frozen_state" not in saved or "optimizer_state" in saved:
+        return saved
+    try:
+        mode = from_frozen_state(saved["frozen_state"])
+    except ValueError:
+        return saved
+    return {**{k: v for k, v in saved.items() if k != "frozen_state"}, "optimizer_state": mode}
+
+
 def _check_sole_owner(scheduler: "ILSScheduler", optimizer) -> None:
     """ValueError when another live ILSScheduler schedules some of these layers or is attached to
     ``optimizer`` (an unwrapped torch optimizer or None): it names that scheduler and the fix."""
@@ -360,7 +373,7 @@ class ILSScheduler:
         self._chunked_step = None    # config.step_chunk_numel's slimfit.optim.ChunkedStep once attached
         self._in_step = InStepScores(self)
         self._guard: Optional[FrozenGradGuard] = None
-        self._frozen_state = None  # config.frozen_state's holder (slimfit.optim.FrozenState) once attached
+        self._frozen_state = None    # config.optimizer_state's holder (slimfit.optim.FrozenState) once attached
         self._opt_steps_seen = 0
         self._closed = False
         self._idle_calls = 0  # step() calls in a row that followed no optimizer step
@@ -385,6 +398,22 @@ class ILSScheduler:
     def effective_rate(self) -> float:
         """Fraction of candidate layers frozen right now (budget mode may exceed freeze_rate)."""
         return self.num_frozen / self.num_layers
+
+    @property
+    def chunked_step(self):
+        """The slimfit.optim.ChunkedStep attached to the optimizer (config.step_chunk_numel), or None."""
+        return self._chunked_step
+
+    @property
+    def state_holder(self):
+        """The slimfit.optim.FrozenState that holds the moments as config.optimizer_state says, or None."""
+        return self._frozen_state
+
+    @property
+    def step_observer(self) -> InStepScores:
+        """What a chunked optimizer step reports to, so the trained layers are scored inside it (in_step.py):
+        ``wants(p)``, ``lr_factor(p)``, ``piece(p, start, old, new)``, ``left_to_optimizer(params)``."""
+        return self._in_step
 
     @property
     def step_count(self) -> int:
@@ -457,50 +486,29 @@ class ILSScheduler:
             self._snap.clear()   # taken right before the weights move from now on
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
-        self._attach_chunked_step(optimizer)     # first: frozen_state="compress_all" steps through it
-        self._attach_frozen_state(optimizer)
+        self._attach_optimizer_side(optimizer)
         entry.hooked = [h for h in (self._chunked_step, self._frozen_state) if h is not None]
         if self._pending:
             self.apply()
         return self._guard
 
-    def _attach_chunked_step(self, optimizer) -> None:
-        """config.step_chunk_numel: the optimizer's step a piece at a time, with the trained layers scored in
-        it (in_step.py), by what slimfit.optim registered (extensions.py). Not for sharded parameters (their
-        scores are sums over shards, sharded.py). With update_scale="share" it stretches each trained layer's
-        update itself (in_step.py's lr_factor). Exact, so left out quietly when slimfit.optim is not loaded."""
-        if self._chunked_step is not None:
-            self._chunked_step.remove()
-            self._chunked_step = None
-        factory = chunked_step_factory()
-        if self.config.step_chunk_numel is None or factory is None or self._sharded:
+    def _attach_optimizer_side(self, optimizer) -> None:
+        """config.step_chunk_numel and config.optimizer_state: the optimizer's step a piece at a time with the
+        trained layers scored in it (in_step.py; not for sharded parameters, whose scores are sums over shards,
+        sharded.py), and the moments held as optimizer_state says. Both are slimfit.optim's
+        (slimfit/optim/attach.py), imported here, when the config asks for either: importing the scheduler
+        loads no kernel code."""
+        for attached in (self._chunked_step, self._frozen_state):
+            if attached is not None:
+                attached.remove()
+        self._chunked_step = self._frozen_state = None
+        chunked = self.config.step_chunk_numel is not None and not self._sharded
+        momentum = self.config.experimental.frozen_update != "none"
+        if not chunked and not holds_any(self.config.optimizer_state, momentum):
             return
-        step = factory(optimizer, self.config.step_chunk_numel, self._in_step)
-        if self.config.weight_rounding != "nearest":
-            step.set_weight_rounding(self.config.weight_rounding, self.run_seed)
-        if step.active:
-            self._chunked_step = step
-        else:
-            step.remove()
+        from slimfit.optim.attach import attach_optimizer_side
 
-    def _attach_frozen_state(self, optimizer) -> None:
-        """config.frozen_state: the frozen layers' optimizer state held by what slimfit.optim registered
-        (extensions.py: the scheduler imports no kernel code itself)."""
-        if self._frozen_state is not None:
-            self._frozen_state.remove()
-            self._frozen_state = None
-        mode = self.config.frozen_state_mode
-        if mode is None:
-            return
-        per_param = hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook")   # step_in_backward
-        if mode == "compress_all" and self.config.frozen_state == FROZEN_STATE_AUTO and not (
-                self._chunked_step is not None or per_param):
-            mode = "compress"   # auto: every state 8-bit only where the step holds it, else the frozen layers'
-        factory = frozen_state_factory()
-        if factory is None:
-            raise RuntimeError("SchedulerConfig.frozen_state is held by slimfit.optim, which is not loaded: "
-                               "import slimfit.optim (import slimfit does), or pass frozen_state=None")
-        self._frozen_state = factory(self, optimizer, mode)
+        self._chunked_step, self._frozen_state = attach_optimizer_side(self, optimizer, chunked=chunked)
 
     def register_frozen_set_hook(self, hook) -> RemovableHandle:
         """Call ``hook(frozen, trained)`` (two lists of parameters) every time a frozen set is applied to
@@ -591,7 +599,7 @@ class ILSScheduler:
         raises ValueError naming what is wrong, and the scheduler is left as it was."""
         shapes = [tuple(local_tensor(p).shape) for p in self.params]
         new = check_state(state, self.names, [tuple(p.shape) for p in self.params], shapes, self.always_train)
-        diff = config_changes(state.get("config"), self._config())
+        diff = config_changes(_saved_options(state.get("config")), self._config())
         if diff:
             warnings.warn(f"ILSScheduler.load_state_dict: options differ from the saved run {diff}; "
                           "decisions will follow this scheduler's options", stacklevel=2)

@@ -38,24 +38,11 @@ from typing import Callable
 
 import torch
 
+from slimfit._optimizer_state import unwrap_optimizer
+
 __all__ = ["unwrap_optimizer", "FrozenGradGuard", "check_optimizer_coverage", "FROZEN_UPDATES"]
 
 FROZEN_UPDATES = ("none", "momentum")
-
-
-def unwrap_optimizer(optimizer) -> torch.optim.Optimizer:
-    opt = optimizer
-    for _ in range(8):
-        inner = getattr(opt, "optimizer", None)
-        if isinstance(inner, torch.optim.Optimizer) and inner is not opt:
-            opt = inner
-        else:
-            break
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError("optimizer: expected a torch.optim.Optimizer (or a wrapper with .optimizer, such as "
-                        "accelerate's AcceleratedOptimizer), "
-                        f"got {type(optimizer).__name__}")
-    return opt
 
 
 def check_optimizer_coverage(optimizer, names: list, params: list) -> None:

@@ -1,5 +1,5 @@
-"""SchedulerConfig.frozen_state: the scheduler holds the frozen layers' optimizer state through the factory
-slimfit.optim registers (slimfit/scheduler/extensions.py), with no kernel import of its own."""
+"""SchedulerConfig.optimizer_state, given by its older name frozen_state: the scheduler holds the optimizer state
+through slimfit.optim (slimfit/optim/attach.py, imported when an optimizer is attached)."""
 import pytest
 import torch
 from _optim_models import build, data, train
@@ -77,7 +77,7 @@ def test_auto_compresses_every_state_unless_momentum_reads_it():
 def test_a_config_without_the_field_holds_nothing():
     """A config saved before the field existed resumes as that run did."""
     old = SchedulerConfig(frozen_state="compress").to_dict()
-    del old["frozen_state"]
+    del old["optimizer_state"]   # saved under optimizer_state's name
     assert SchedulerConfig.from_dict(old).frozen_state is None
     assert SchedulerConfig.from_dict(SchedulerConfig(frozen_state="auto").to_dict()).frozen_state == "auto"
 

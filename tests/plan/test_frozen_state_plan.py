@@ -43,8 +43,8 @@ def test_offload_of_a_cuda_step_leaves_the_device():
 
 def test_the_printed_code_asks_the_scheduler_for_it():
     code = render(predict(SPEC.replace(frozen_state="compress")))
-    assert "ILSScheduler(model, freeze_rate=0.5, optimizer=optimizer, frozen_state='compress')" in code
-    assert "frozen_state=None)" in render(predict(SPEC))
+    assert "ILSScheduler(model, freeze_rate=0.5, optimizer=optimizer, optimizer_state='8bit-frozen')" in code
+    assert "optimizer_state='full')" in render(predict(SPEC))   # frozen_state=None, by its canonical name
     assert "ILSScheduler(model, freeze_rate=0.5, optimizer=optimizer)" in render(predict(SPEC.replace(
         frozen_state="auto")))
 

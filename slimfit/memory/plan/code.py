@@ -85,8 +85,8 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
 
 
 def _frozen_state_arg(spec: StepSpec) -> str:
-    """The scheduler's frozen_state argument unless it is the scheduler's default ("auto")."""
-    return "" if spec.frozen_state == "auto" else f", frozen_state={spec.frozen_state!r}"
+    """The scheduler's optimizer_state argument unless it is the scheduler's default ("auto")."""
+    return "" if spec.optimizer_state == "auto" else f", optimizer_state={spec.optimizer_state!r}"
 
 
 def _model_arg(spec: StepSpec) -> str:

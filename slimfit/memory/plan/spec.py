@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..._optimizer_state import FROZEN_STATE_NAMES, OPTIMIZER_STATES, resolve_state_mode, to_frozen_state
 from .. import models
 
-__all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES"]
+__all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES", "OPTIMIZER_STATES"]
 
 PRESETS = ("none", "exact", "paper", "aggressive", "wta_crs")   # none: plain PyTorch; the rest SlimFitConfig's
 OPTIMIZERS = ("adamw", "adamw8bit")
 DTYPES = ("fp32", "bf16")
-FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # SchedulerConfig.frozen_state's values
+FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # optimizer_state's older names
+_NO_FROZEN_STATE = "<frozen_state not given>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +38,12 @@ class StepSpec:
     task           overrides the task the config implies (text-classification, causal-lm, image-classification)
     seed           of the weights, the batch, dropout and the scheduler's first frozen set
     budget_bytes   with a rate: ILSScheduler's budget mode (slimfit.plan.scheduler_budget gives it the bytes)
-    frozen_state   with a rate: the scheduler's frozen_state, how the frozen layers' AdamW state is held
-                   ("auto", its default: every layer's 8-bit with AdamW; None: in full; "compress": the frozen
-                   layers' 8-bit; "compress_all": every layer's; "offload": the frozen layers' in host memory, which
-                   on a CPU is the same memory); `held_state` says what it comes to
+    optimizer_state  with a rate: the scheduler's optimizer_state, how AdamW's moments are held ("auto", its
+                   default: every layer's 8-bit with AdamW, nothing with adamw8bit; "8bit": every layer's;
+                   "8bit-frozen": the frozen layers'; "host-frozen": the frozen layers' in host memory, which on a
+                   CPU is the same memory; "full": as AdamW made them); `held_state` says what it comes to
+    frozen_state   optimizer_state's older name ("auto", "compress_all", "compress", "offload", None), read as
+                   it; the attribute gives optimizer_state in those names
     """
 
     model: Any
@@ -58,13 +62,29 @@ class StepSpec:
     task: str | None = None
     seed: int = 0
     budget_bytes: float | None = None
-    frozen_state: str | None = "auto"
+    optimizer_state: str = "auto"
+    frozen_state: str | None = dataclasses.field(default=_NO_FROZEN_STATE, compare=False, repr=False)
 
     def __post_init__(self):
-        """Refuse a spec with a wrong field at once, naming every problem."""
-        problems = self.problems()
+        """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
+        problem."""
+        problems = self._take_frozen_state() + self.problems()
         if problems:
             raise ValueError("StepSpec: " + "; ".join(problems))
+        object.__setattr__(self, "frozen_state", to_frozen_state(self.optimizer_state))
+
+    def _take_frozen_state(self) -> list[str]:
+        """frozen_state, when given, read as optimizer_state; what is wrong with it."""
+        legacy = self.frozen_state
+        if isinstance(legacy, str) and legacy == _NO_FROZEN_STATE:
+            return []
+        if not (legacy is None or isinstance(legacy, str)) or legacy not in FROZEN_STATE_NAMES:
+            return [f"frozen_state must be 'auto', None, 'compress', 'offload' or 'compress_all', got {legacy!r}"]
+        if self.optimizer_state not in ("auto", FROZEN_STATE_NAMES[legacy]):
+            return [f"optimizer_state={self.optimizer_state!r} and frozen_state={legacy!r} (its older name) "
+                    "disagree: give optimizer_state alone"]
+        object.__setattr__(self, "optimizer_state", FROZEN_STATE_NAMES[legacy])
+        return []
 
     def problems(self) -> list[str]:
         """What is wrong with the fields (empty when nothing is)."""
@@ -84,30 +104,33 @@ class StepSpec:
             out.append(f"lora must be a rank >= 1 or None, got {self.lora!r}")
         if self.lora is not None and self.rate:
             out.append("lora trains only the adapters (the base is frozen): give a freeze rate only without LoRA")
-        if self.frozen_state not in FROZEN_STATES:
-            out.append(f"frozen_state must be 'auto', None, 'compress', 'offload' or 'compress_all', got "
-                       f"{self.frozen_state!r}")
-        elif self.frozen_state in FROZEN_STATES[2:] and not self.rate:
-            out.append("frozen_state holds the frozen layers' optimizer state: it needs a freeze rate")
-        elif self.frozen_state in FROZEN_STATES[2:] and self.optimizer != "adamw":
-            out.append("frozen_state holds AdamW's moments: use it with optimizer adamw")
+        if not isinstance(self.optimizer_state, str) or self.optimizer_state not in OPTIMIZER_STATES:
+            out.append(f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, got {self.optimizer_state!r}")
+        elif self.optimizer_state not in ("auto", "full") and not self.rate:
+            out.append(f"optimizer_state={self.optimizer_state!r} holds the scheduler's layers' optimizer state: it "
+                       "needs a freeze rate")
+        elif self.optimizer_state not in ("auto", "full") and self.optimizer != "adamw":
+            out.append(f"optimizer_state={self.optimizer_state!r} holds AdamW's moments: use it with optimizer adamw")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
 
     @property
     def held_state(self) -> str | None:
-        """What frozen_state comes to for this step: None (nothing held: no scheduler, or a state slimfit does
-        not compress, torchao's 8-bit AdamW), "compress", "offload" or "compress_all"."""
-        if not self.rate or self.frozen_state is None:
+        """What optimizer_state comes to for this step, in frozen_state's names: None (nothing held: no
+        scheduler, or a state slimfit does not compress, torchao's 8-bit AdamW), "compress", "offload" or
+        "compress_all". The scheduler's rule (slimfit/_optimizer_state.py): torch's AdamW is under its chunked
+        step, which can hold every state."""
+        if not self.rate:
             return None
-        if self.frozen_state == "auto":   # torch's AdamW under the scheduler's chunked step: every state 8-bit
-            return "compress_all" if self.optimizer == "adamw" else None
-        return self.frozen_state
+        return to_frozen_state(resolve_state_mode(self.optimizer_state, "every" if self.optimizer == "adamw" else
+                                                  "none"))
 
     def replace(self, **changes) -> "StepSpec":
-        """A copy with `changes` (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes` (validated again; frozen_state read as optimizer_state)."""
+        if "frozen_state" in changes and "optimizer_state" not in changes:
+            changes = {**changes, "optimizer_state": "auto"}   # the legacy value decides
+        return dataclasses.replace(self, **{"frozen_state": _NO_FROZEN_STATE, **changes})
 
     @property
     def model_name(self) -> str:

@@ -14,7 +14,7 @@ The step is the one of a run in its steady state, as a user writes it:
      does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
      step after the first;
   3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
-     first frozen set is applied (the frozen layers' moments held as the spec's frozen_state says), its
+     first frozen set is applied (the frozen layers' moments held as the spec's optimizer_state says), its
      weight snapshots of the trained layers are live, and its step() runs after the optimizer's (scores, next
      frozen set).
 """
@@ -155,6 +155,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     base of a budget)."""
     if not spec.rate:
         return None, ()
+    from ..._optimizer_state import from_frozen_state
     from ...scheduler import ILSScheduler
 
     options = {} if freeze_all else dict(budget or {})
@@ -162,7 +163,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     off_device = fake and spec.held_state == "offload" and spec.device == "cuda"
     mode = spec.held_state
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
-                             frozen_state=None if off_device else mode)
+                             optimizer_state=from_frozen_state(None if off_device else mode))
     names = tuple(scheduler.names)
     transfer = None
     if off_device:
@@ -181,7 +182,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
                 [params[n] for n in names if n in params])
         return None, names
     scheduler.attach_optimizer(optimizer)
-    if off_device:  # what SchedulerConfig.frozen_state="offload" attaches, with the off-device host
+    if off_device:  # what SchedulerConfig.optimizer_state="host-frozen" attaches, with the off-device host
         from ...optim import FrozenState
 
         FrozenState(optimizer, mode, seed=scheduler.run_seed % 2**62, transfer=transfer).attach(scheduler)
