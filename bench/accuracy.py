@@ -49,7 +49,9 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     +q8all: frozen_state="compress_all" (every layer's AdamW state 8-bit, trained ones too)
                     without either, frozen_state=None (said explicitly)
   ...+dyn8 / +dyn4  scheduler option state_code="dynamic8" / "dynamic4" (held moments in block-wise dynamic
-                    codes); without: "linear8" (per-group min/max), said explicitly
+                    codes, stochastic rounding); without: "linear8" (per-group min/max), said explicitly.
+                    Committed rows named +dyn8nearest / +dyn4nearest ran with the dynamic code rounding to
+                    nearest (a label of those rows only; the code rounds stochastically)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
