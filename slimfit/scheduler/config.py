@@ -325,9 +325,9 @@ class SchedulerConfig(ConfigBase):
     state_code         how optimizer_state="8bit-frozen" / "8bit" code a moment: "linear8" (the default: 8-bit
                        per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
                        dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the
-                       second), rounded to nearest. Re-encoded at every step ("8bit"), nearest rounding
-                       holds a moment whose change per step is below half a level where it is: not for
-                       "8bit" until the dynamic code rounds stochastically (docs/fidelity.md).
+                       second), stochastic rounding from the codec's seed (a moment re-encoded at every step
+                       follows a change smaller than a level); the default by the accuracy protocols
+                       (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
