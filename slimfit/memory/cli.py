@@ -10,7 +10,9 @@ with one flag vocabulary and one preset list.
 The flags both commands take mean the same and are spelled the same (SHARED_FLAGS): --batch, --seq-len,
 --image-size, --dtype, --preset (PRESETS: none, exact, paper, aggressive, wta_crs), --freeze-rate (default
 DEFAULT_FREEZE_RATE, ILSScheduler's 0.7), --attn-implementation, --device, --seed. --seq, --rate and --attn are
-accepted as hidden spellings of --seq-len, --freeze-rate and --attn-implementation.
+accepted as hidden spellings of --seq-len, --freeze-rate and --attn-implementation. One difference: `slimfit
+memory --dtype bf16` is bf16 autocast over fp32 weights, `slimfit plan --dtype bf16` is bf16 weights (the model
+held in bf16, as LLMs are fine-tuned; `--dtype bf16-autocast` plans autocast).
 
 `slimfit memory` builds a standard architecture from its `transformers` config with random weights (no checkpoint
 is needed: the bytes do not depend on the weights' values) and runs three configurations on the same batch and
@@ -306,7 +308,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                 freeze_rate=dict(help=f"share of ILSScheduler's layers frozen each step, in [0, 1) (default "
                                       f"{DEFAULT_FREEZE_RATE:g}, its default; 0: no scheduler; with --lora: 0, the "
                                       "base is frozen)"),
-                device=dict(help="the step's device: cpu (default; exact), or cuda (an estimate: docs/plan.md)"))
+                device=dict(help="the step's device: cpu (default; exact), or cuda (an estimate: docs/plan.md)"),
+                dtype=dict(choices=["fp32", "bf16", "fp16", "bf16-autocast"],
+                           help="the weights' dtype: fp32 (default), bf16 or fp16 (the model held in it, AdamW's "
+                                "moments too, as torch makes them); or bf16-autocast (fp32 weights, bf16 autocast)"))
     parser.add_argument("--lora", type=int, default=None, metavar="R", help="LoRA rank (peft); the base is frozen")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing of every layer")
     parser.add_argument("--optimizer", choices=["adamw", "adamw8bit"], default="adamw",
@@ -398,7 +403,8 @@ def _fit(args) -> int:
           f"{base.optimizer}; searching presets x rates x checkpointing, and LoRA", flush=True)
     result = fit(base, budget, lora_rank=args.lora,
                  on_candidate=lambda c: print(f"  predicted {c.spec.label():40s} {_plan_size(c.total):>12}  {c.status}",
-                                              flush=True))
+                                              flush=True),
+                 on_progress=lambda line: print(f"slimfit plan --fit: {line}", file=sys.stderr, flush=True))
     print()
     print(_table(result))
     if result.best is None:

@@ -42,6 +42,15 @@ class Architecture:
 
 _BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 
+# Shared by the published Qwen2.5 and Llama 3 configs (config.json on the hub): vocabulary, rope, norms.
+_QWEN25 = dict(vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=151643,
+               eos_token_id=151643, use_sliding_window=False, sliding_window=None, attention_dropout=0.0)
+_LLAMA3 = dict(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+               rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=128000, eos_token_id=128001, mlp_bias=False,
+               attention_bias=False)
+_LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)
+
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("bert-base", TEXT_CLS, "BertConfig", "BertForSequenceClassification", {},
                  "BERT-base: 12 layers, hidden 768, 12 heads (110M)"),
@@ -81,6 +90,34 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                       rms_norm_eps=1e-5),
                  "Llama layout, TinyLlama-1.1B sizes: 22 layers, hidden 2048 "
                  "(1.1B: ~10 GiB of memory in fp32, weights + gradients)"),
+    # The decoders people fine-tune (issue 40): their published config.json hyperparameters, random weights.
+    Architecture("qwen2.5-0.5b", CAUSAL_LM, "Qwen2Config", "Qwen2ForCausalLM",
+                 dict(_QWEN25, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, max_position_embeddings=32768, max_window_layers=24,
+                      tie_word_embeddings=True),
+                 "Qwen2.5-0.5B: 24 layers, hidden 896, GQA 14/2 heads, vocab 151,936 tied (494M)"),
+    Architecture("qwen2.5-1.5b", CAUSAL_LM, "Qwen2Config", "Qwen2ForCausalLM",
+                 dict(_QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                      num_key_value_heads=2, max_position_embeddings=131072, max_window_layers=21,
+                      tie_word_embeddings=True),
+                 "Qwen2.5-1.5B: 28 layers, hidden 1536, GQA 12/2 heads, vocab 151,936 tied (1.5B)"),
+    Architecture("qwen2.5-7b", CAUSAL_LM, "Qwen2Config", "Qwen2ForCausalLM",
+                 dict(_QWEN25, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072,
+                      max_window_layers=28, tie_word_embeddings=False),
+                 "Qwen2.5-7B: 28 layers, hidden 3584, GQA 28/4 heads, vocab 152,064 untied (7.6B)"),
+    Architecture("llama-3.2-1b", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                      head_dim=64, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0), tie_word_embeddings=True),
+                 "Llama-3.2-1B: 16 layers, hidden 2048, GQA 32/8 heads, vocab 128,256 tied (1.24B)"),
+    Architecture("llama-3.2-3b", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                      head_dim=128, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0), tie_word_embeddings=True),
+                 "Llama-3.2-3B: 28 layers, hidden 3072, GQA 24/8 heads, vocab 128,256 tied (3.2B)"),
+    Architecture("llama-3.1-8b", CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM",
+                 dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      head_dim=128, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0), tie_word_embeddings=False),
+                 "Llama-3.1-8B: 32 layers, hidden 4096, GQA 32/8 heads, vocab 128,256 untied (8.0B)"),
     # Hidden: a BERT small enough for tests and quick checks (not a published size).
     Architecture("bert-tiny", TEXT_CLS, "BertConfig", "BertForSequenceClassification",
                  dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -94,7 +131,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
 
 _ALIASES = {"bert": "bert-base", "roberta": "roberta-base", "vit": "vit-base", "vit-b16": "vit-base",
             "vit-l16": "vit-large", "distilbert-base": "distilbert", "gpt2-small": "gpt2",
-            "smollm": "smollm-135m", "smollm2": "smollm2-135m", "tinyllama": "tinyllama-1.1b"}
+            "smollm": "smollm-135m", "smollm2": "smollm2-135m", "tinyllama": "tinyllama-1.1b",
+            "qwen2.5-0.5": "qwen2.5-0.5b", "llama-3-8b": "llama-3.1-8b", "llama3.1-8b": "llama-3.1-8b",
+            "llama3.2-1b": "llama-3.2-1b", "llama3.2-3b": "llama-3.2-3b"}
 
 
 def known_names() -> list[str]:
@@ -273,9 +312,10 @@ def _config_for(ref: ModelRef, layers: int | None, image_size: int | None):
 
 
 def build_model(ref: ModelRef, *, attn: str = "sdpa", layers: int | None = None, image_size: int | None = None,
-                seed: int = 0, init: bool = True):
-    """The model of `ref` from its config, seeded random weights, train mode, `attn` attention. Under a
-    FakeTensorMode the parameters are fake: nothing is allocated (init=False skips the weight
+                seed: int = 0, init: bool = True, dtype: str = "float32"):
+    """The model of `ref` from its config, seeded random weights, train mode, `attn` attention, its parameters
+    and buffers in `dtype` (a torch dtype name: bfloat16 holds the model as from_pretrained(torch_dtype=...)
+    does). Under a FakeTensorMode the parameters are fake: nothing is allocated (init=False skips the weight
     initialisation, whose values fake tensors do not have: rejection loops read them)."""
     import contextlib
 
@@ -292,6 +332,8 @@ def build_model(ref: ModelRef, *, attn: str = "sdpa", layers: int | None = None,
             model = getattr(transformers, _AUTO[ref.task]).from_config(config)
     if not init:
         model.tie_weights()  # no_init_weights skips init_weights, which ties the embeddings and the LM head
+    if dtype != "float32":
+        model.to(getattr(torch, dtype))
     model.set_attn_implementation(attn)
     model.train()
     return model

@@ -15,6 +15,9 @@ def _model_lines(spec: StepSpec, ref: ModelRef) -> list[str]:
     cls = ref.model_class or {CAUSAL_LM: "AutoModelForCausalLM", IMAGE_CLS:
                                "AutoModelForImageClassification"}.get(ref.task, "AutoModelForSequenceClassification")
     lines = [f"model = ...  # your {cls} ({ref.name}), in train mode"]
+    if spec.weight_dtype != "float32":
+        lines.append(f"model.to(torch.{spec.weight_dtype})  # {spec.dtype} weights (or from_pretrained(..., "
+                     f"torch_dtype=torch.{spec.weight_dtype}))")
     if spec.attn != "sdpa":
         lines.append(f'model.set_attn_implementation("{spec.attn}")')
     if spec.checkpointing:
@@ -45,7 +48,7 @@ def _optimizer_lines(spec: StepSpec) -> list[str]:
 def _loop_lines(spec: StepSpec, device: str) -> list[str]:
     """The training loop: autocast for bf16, backward, optimizer step, zero_grad, the scheduler's step."""
     forward = "loss = model(**batch).loss"
-    if spec.dtype == "bf16":
+    if spec.autocast:
         forward = f'with torch.autocast("{device}", dtype=torch.bfloat16):\n        {forward}'
     lines = [f"for batch in loader:  # {spec.shape()}",
              f"    {forward}", "    loss.backward()", "    optimizer.step()", "    optimizer.zero_grad()"]

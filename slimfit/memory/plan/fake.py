@@ -6,10 +6,13 @@ as the real one, so the tracker run over a fake step sees the bytes the real ste
 the same order. Where a fake run would go another way than the real one, `PlanMode` (a dispatch mode
 between the tracker and the fake mode) keeps it on the real path:
 
-  * the batch stays real, and ops without a fake input run for real: transformers reads the attention
-    mask to skip it when it masks nothing, as in the real step (a fake mask looks traced to it, and it
-    builds the full mask); small factories without tensor inputs (a dropout seed drawn with torch.randint,
-    then read on the host) are made for real too;
+  * the batch is fake too but for its labels (fake_batch: its shapes and dtypes from one real row, so a
+    batch of any size costs next to nothing), and transformers reads its attention mask as the real step
+    does (masks_read_as_data): transformers skips the mask when it masks nothing, but takes any fake tensor
+    for a traced one and then builds the full mask; inside the fake run the mask is read as data, and the
+    read of a fake boolean is answered True (below), as the planned batch's all-ones mask answers it. Ops
+    without a fake input run for real: small factories without tensor inputs (a dropout seed drawn with
+    torch.randint, then read on the host) are made for real;
   * the backend of scaled_dot_product_attention is chosen for real, on stand-ins of the same shapes: the
     fake kernel always picks the math backend, which materializes the attention matrix;
   * host reads of fake data: a boolean check is answered True (slimfit.patch's probes agree with the
@@ -26,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake"]
+__all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake", "fake_batch", "masks_read_as_data"]
 
 SMALL_NUMEL = 4096
 
@@ -43,6 +46,39 @@ def is_fake(t) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
+
+
+REAL_INPUTS = ("labels",)
+
+
+def fake_batch(row: dict, batch: int, fake_mode, real: tuple = REAL_INPUTS) -> dict:
+    """A batch of `batch` rows with the shapes and dtypes of `row` (a real batch of one row, every tensor's
+    first dimension the batch): fake tensors (a prediction reads no values, and a real batch of a size that
+    is being planned may not fit in memory), except the inputs named in `real`, the row repeated: the labels,
+    which the losses check on the host (a label outside the vocabulary raises: a question a fake tensor cannot
+    answer right) and which take 8 bytes a token or a sequence."""
+    out = {k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in row.items() if k in real}
+    with fake_mode:
+        out.update({k: torch.empty((batch, *v.shape[1:]), dtype=v.dtype) for k, v in row.items() if k not in real})
+    return {k: out[k] for k in row}
+
+
+@contextlib.contextmanager
+def masks_read_as_data():
+    """transformers does not take fake tensors for traced ones (its is_tracing) while this is active: its mask
+    code then reads the fake attention mask as data (the read answered by PlanMode: it masks nothing) and skips
+    the mask where the real step with its all-ones mask skips it, instead of building the full mask."""
+    try:
+        from transformers.utils import import_utils
+    except ImportError:
+        yield
+        return
+    original = import_utils.is_fake_tensor
+    import_utils.is_fake_tensor = lambda x: False
+    try:
+        yield
+    finally:
+        import_utils.is_fake_tensor = original
 
 
 def _small_fake(out) -> bool:
@@ -183,6 +219,29 @@ def _all_selected(func, args, kwargs):
     raise NotImplementedError(f"slimfit plan: {func} has an output size that depends on the data")
 
 
+def _real_unless_grown(func, args, kwargs, flat):
+    """An op without a fake input, run for real unless its output has many more elements than its largest
+    input (GROWTH times, plus SMALL_NUMEL): then its fake output, which allocates nothing. Real inputs are the
+    labels and the small weights and buffers made for real (a (2, 768) token-type embedding, its ids): the
+    token-type embedding of a large batch was a real tensor of the activations' size. The shapes come from
+    the op run on fake tensors first; an op the fake kernels cannot run (one that reads data) runs for real."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    limit = GROWTH * max(t.numel() for t in flat) + SMALL_NUMEL
+    try:
+        shaped = func(*args, **kwargs)   # the fake mode below this one: shapes only
+    except Exception:  # noqa: BLE001 - data-dependent or not fakeable: the real op decides
+        shaped = None
+    outs = [t for t in tree_flatten(shaped)[0] if isinstance(t, torch.Tensor)]
+    if shaped is not None and any(t.numel() > limit for t in outs):
+        return shaped
+    with unset_fake_temporarily():
+        return func(*args, **kwargs)
+
+
+GROWTH = 4
+
+
 class PlanMode(TorchDispatchMode):
     """Keeps a fake run on the real run's path (module docstring). `numbers`: answer numeric host reads
     (0) and data-sized outputs (all selected); `on_op(func, args, kwargs, out)` sees every op; with
@@ -220,15 +279,15 @@ class PlanMode(TorchDispatchMode):
         return out
 
     def _run(self, func, args, kwargs):
-        """The op, real when no input is fake (or a small factory), fake otherwise."""
+        """The op, real when no input is fake (unless it grows them: _real_unless_grown) or a small factory,
+        fake otherwise."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         if func is torch.ops.aten._fused_sdp_choice.default:
             return _sdp_choice(args, kwargs)
         flat = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         if flat and not any(is_fake(t) for t in flat):
-            with unset_fake_temporarily():
-                return func(*args, **kwargs)
+            return _real_unless_grown(func, args, kwargs, flat)
         out = func(*args, **kwargs)
         if not flat and _small_fake(out):
             with unset_fake_temporarily():

@@ -27,7 +27,7 @@ import time
 from .. import peak
 from ..models import ModelRef, resolve_model
 from .cost import CostCounter
-from .fake import PlanMode, cuda_attention_backends, new_fake_mode
+from .fake import PlanMode, cuda_attention_backends, masks_read_as_data, new_fake_mode
 from .spec import StepSpec
 from .step import Step, open_step
 
@@ -74,7 +74,8 @@ class Prediction:
         """Estimated seconds of one step on the device (cost.py's model)."""
         from .cost import step_seconds
 
-        return step_seconds(self.flops, self.bytes_moved, self.ops, device or self.spec.device, self.spec.dtype)
+        return step_seconds(self.flops, self.bytes_moved, self.ops, device or self.spec.device,
+                            self.spec.matmul_dtype)
 
 
 def _after_step(step: Step, mode: PlanMode):
@@ -143,7 +144,8 @@ def predict_step(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool =
     with torch.random.fork_rng(devices=[]), opened as step:
         torch.manual_seed(spec.seed)
         backends = cuda_attention_backends() if spec.device == "cuda" else contextlib.nullcontext()
-        with fake, backends, PlanMode(numbers=False, on_op=cost.add) as mode, _numbers_in_optimizer_steps(mode):
+        with fake, backends, masks_read_as_data(), PlanMode(numbers=False, on_op=cost.add) as mode, \
+                _numbers_in_optimizer_steps(mode):
             after = _after_step(step, mode)
             cost.active = True
             memory = peak.measure_step(step.model, step.forward, step.optimizer, after_step=after,

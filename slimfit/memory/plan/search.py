@@ -109,30 +109,44 @@ def _line(a, b, depth: int, mix: float = 0.0, c=None, a_frozen=None):
             for x, y, z, xf in zip(a, b, c, a_frozen)]
 
 
+class _Shallow:
+    """predict() of the shallow specs the estimates are made of, each spec predicted once: the groups that
+    differ only in the frozen state share their trained runs (a third of the shallow predictions)."""
+
+    def __init__(self, ref: ModelRef):
+        self.ref, self.done = ref, {}
+
+    def __call__(self, spec: StepSpec, freeze_all: bool = False):
+        """The counts (_counts) of the spec's prediction, predicted on the first call."""
+        key = (spec, freeze_all)
+        if key not in self.done:
+            self.done[key] = _counts(predict(spec, ref=self.ref, freeze_all=freeze_all))
+        return self.done[key]
+
+
 def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
-                    frozen_state: str | None = None) -> list[tuple[float, int]]:
+                    frozen_state: str | None = None, shallow: _Shallow | None = None) -> list[tuple[float, int]]:
     """[(estimated seconds, resident bytes)] of spec at each rate (LoRA: one), from shallow predictions: depths
     0 and 1 (LoRA, or a model that cannot be built without layers: 1 and 2); a frozen layer's state held as
-    frozen_state says."""
-    device, dtype = spec.device, spec.dtype
+    frozen_state says. shallow: the memo of the shallow predictions (one per search)."""
+    device, dtype = spec.device, spec.matmul_dtype
+    shallow = shallow or _Shallow(ref)
     low = 1 if spec.lora else 0
     try:
-        first = _counts(predict(spec.replace(layers=low), ref=ref))
+        first = shallow(spec.replace(layers=low))
     except Exception:  # noqa: BLE001 - a model type that needs a layer: start from one
         low = 1
-        first = _counts(predict(spec.replace(layers=low), ref=ref))
-    trained = _counts(predict(spec.replace(layers=low + 1), ref=ref))
-    frozen = trained if spec.lora else _counts(predict(spec.replace(layers=low + 1, rate=0.5,
-                                                                    frozen_state=frozen_state),
-                                                       ref=ref, freeze_all=True))
+        first = shallow(spec.replace(layers=low))
+    trained = shallow(spec.replace(layers=low + 1))
+    frozen = trained if spec.lora else shallow(spec.replace(layers=low + 1, rate=0.5, frozen_state=frozen_state),
+                                               freeze_all=True)
     # what the scheduler schedules outside the layers (a tied embedding / LM head) is frozen at the rate too:
     # the frozen layer's increment is taken against the shallow model with that frozen, not against it trained
     # (else a large frozen LM head made each frozen layer cost less than nothing)
     first_frozen = first
     if not spec.lora:
         try:
-            first_frozen = _counts(predict(spec.replace(layers=low, rate=0.5, frozen_state=frozen_state), ref=ref,
-                                           freeze_all=True))
+            first_frozen = shallow(spec.replace(layers=low, rate=0.5, frozen_state=frozen_state), freeze_all=True)
         except Exception:  # noqa: BLE001 - nothing to schedule without layers: the shallow model as it is
             first_frozen = first
     out = []
@@ -142,33 +156,50 @@ def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
     return out
 
 
-def estimate(specs: list[StepSpec], ref: ModelRef) -> list[Candidate]:
+def estimate(specs: list[StepSpec], ref: ModelRef, on_progress=None) -> list[Candidate]:
     """A Candidate with its estimated time and resident bytes for each spec (grouped: one set of shallow
-    predictions per preset, LoRA and checkpointing)."""
+    predictions per preset, LoRA and checkpointing). on_progress(line): told of each configuration estimated."""
     depth = _depth(ref)
     groups: dict[tuple, list[StepSpec]] = {}
     for s in specs:
         groups.setdefault((s.preset, s.lora, s.checkpointing, s.frozen_state), []).append(s)
-    out = []
+    out, shallow = [], _Shallow(ref)
     for (*_, frozen_state), members in groups.items():
         head = members[0].replace(rate=0.0, frozen_state=None)
-        values = _estimate_group(head, ref, depth, [m.rate for m in members], frozen_state)
-        out += [Candidate(m, est_seconds=t, resident=r) for m, (t, r) in zip(members, values)]
+        values = _estimate_group(head, ref, depth, [m.rate for m in members], frozen_state, shallow)
+        for m, (t, r) in zip(members, values):
+            out.append(Candidate(m, est_seconds=t, resident=r))
+            if on_progress is not None:
+                on_progress(f"[{len(out)}/{len(specs)}] estimated {m.label()}: {t:.3g} s a step, resident {_gib(r)}")
     return out
 
 
+def _gib(n: float) -> str:
+    """Bytes as GiB with two decimals (progress lines)."""
+    return f"{n / 2**30:.2f} GiB"
+
+
 def fit(base: StepSpec, budget_bytes: int, lora_rank: int | None = None, ref: ModelRef | None = None,
-        on_candidate=None) -> FitResult:
-    """The fastest (estimated) configuration whose predicted step peak is at most budget_bytes."""
+        on_candidate=None, on_progress=None) -> FitResult:
+    """The fastest (estimated) configuration whose predicted step peak is at most budget_bytes.
+    on_candidate(candidate): each candidate predicted in full; on_progress(line): one line per configuration
+    estimated, skipped or predicted (the command prints them to stderr: an 8B search takes minutes)."""
     ref = ref or resolve_model(base.model, base.task)
-    ranked = sorted(estimate(candidates(base, lora_rank), ref), key=lambda c: (c.est_seconds, _preference(c.spec)))
+    ranked = sorted(estimate(candidates(base, lora_rank), ref, on_progress),
+                    key=lambda c: (c.est_seconds, _preference(c.spec)))
     best = None
-    for cand in ranked:
+    for rank, cand in enumerate(ranked, 1):
         if cand.resident > budget_bytes:
             cand.status = "resident alone too big"
+            if on_progress is not None:
+                on_progress(f"[{rank}/{len(ranked)}] skipped {cand.spec.label()}: resident {_gib(cand.resident)} "
+                            "alone is over the budget")
             continue
         cand.prediction = predict(cand.spec, ref=ref)
         cand.status = "fits" if cand.prediction.total <= budget_bytes else "too big"
+        if on_progress is not None:
+            on_progress(f"[{rank}/{len(ranked)}] predicted {cand.spec.label()}: step peak "
+                        f"{_gib(cand.prediction.total)} ({cand.status}, {cand.prediction.seconds:.1f} s)")
         if on_candidate is not None:
             on_candidate(cand)
         if cand.status == "fits":

@@ -15,7 +15,7 @@ __all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES", "OPTI
 
 PRESETS = ("none", "exact", "paper", "aggressive", "wta_crs")   # none: plain PyTorch; the rest SlimFitConfig's
 OPTIMIZERS = ("adamw", "adamw8bit")
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "fp16", "bf16-autocast")   # weights in fp32/bf16/fp16; or fp32 weights under bf16 autocast
 FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # optimizer_state's older names
 _NO_FROZEN_STATE = "<frozen_state not given>"
 
@@ -26,7 +26,9 @@ class StepSpec:
 
     model          an architecture name, a transformers config, a config path, a cached hub id or a ModelRef
     batch, seq     batch size and tokens per sequence (text); vision models take image_size (None: the config's)
-    dtype          fp32, or bf16 autocast (weights stay fp32, as with torch.autocast)
+    dtype          the weights' dtype: fp32, bf16 or fp16 (the model held in it, as from_pretrained(torch_dtype=...)
+                   loads it; AdamW's moments in the weights' dtype, as torch makes them); or bf16-autocast (fp32
+                   weights, the forward under torch.autocast in bf16)
     optimizer      adamw (torch.optim.AdamW) or adamw8bit (torchao's AdamW8bit, when installed)
     preset         none (plain PyTorch) or a SlimFitConfig preset applied with slimfit.patch (PRESETS)
     rate           ILSScheduler's freeze rate (0: no scheduler, every weight trains)
@@ -126,6 +128,22 @@ class StepSpec:
         return to_frozen_state(resolve_state_mode(self.optimizer_state, "every" if self.optimizer == "adamw" else
                                                   "none"))
 
+    @property
+    def weight_dtype(self) -> str:
+        """The torch dtype name the model's weights are held in: bfloat16 or float16 for bf16/fp16 weights,
+        float32 otherwise (bf16-autocast keeps fp32 weights)."""
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.dtype, "float32")
+
+    @property
+    def autocast(self) -> bool:
+        """Whether the forward runs under bf16 autocast (dtype bf16-autocast)."""
+        return self.dtype == "bf16-autocast"
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype the matrix products run in, for the time model (cost.py): bf16 for any 16-bit dtype."""
+        return "fp32" if self.dtype == "fp32" else "bf16"
+
     def replace(self, **changes) -> "StepSpec":
         """A copy with `changes` (validated again; frozen_state read as optimizer_state)."""
         if "frozen_state" in changes and "optimizer_state" not in changes:
@@ -151,7 +169,7 @@ class StepSpec:
         if self.checkpointing:
             parts.append("checkpointing")
         if self.dtype != "fp32":
-            parts.append(self.dtype)
+            parts.append("bf16 autocast" if self.autocast else f"{self.dtype} weights")
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
         if self.rate and self.optimizer == "adamw":

@@ -55,8 +55,8 @@ class Step:
     run_device: str = "cpu"     # where the tensors are: the spec's device, or the CPU for a fake run
 
     def forward(self):
-        """The model's output on the batch, under bf16 autocast when the spec asks for it."""
-        with runs.autocast_context(self.spec.dtype, self.run_device):
+        """The model's output on the batch, under bf16 autocast when the spec asks for it (bf16-autocast)."""
+        with runs.autocast_context("bf16" if self.spec.autocast else "fp32", self.run_device):
             return self.model(**self.inputs)
 
     def after_step(self) -> None:
@@ -65,8 +65,9 @@ class Step:
             self.scheduler.step()
 
 
-def check_spec(spec: StepSpec, ref: ModelRef) -> None:
-    """ValueError for a spec the model cannot run (a text model without seq, an image size with text...)."""
+def check_spec(spec: StepSpec, ref: ModelRef, fake: bool = False) -> None:
+    """ValueError for a spec the model cannot run (a text model without seq, an image size with text...).
+    fake: a prediction, which runs torchao's 8-bit AdamW as its stand-in (optim8bit.py): torchao not needed."""
     if ref.task == IMAGE_CLS:
         if spec.seq is not None:
             raise ValueError(f"{ref.name} is a vision model: give image_size (pixels), not seq")
@@ -74,7 +75,7 @@ def check_spec(spec: StepSpec, ref: ModelRef) -> None:
         raise ValueError(f"{ref.name} is a text model: give seq (tokens per sequence)")
     elif spec.image_size is not None:
         raise ValueError(f"{ref.name} is a text model: image_size applies to vision models")
-    if spec.optimizer == "adamw8bit":
+    if spec.optimizer == "adamw8bit" and not fake:
         from .optim8bit import available
 
         if not available():
@@ -118,7 +119,7 @@ def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
     from slimfit.config import SlimFitConfig
 
     model = build_model(ref, attn=spec.attn, layers=spec.layers, image_size=spec.image_size, seed=spec.seed,
-                        init=not fake)
+                        init=not fake, dtype=spec.weight_dtype)
     if spec.checkpointing:
         model.config.use_cache = False
         if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5 name
@@ -203,6 +204,17 @@ def _building(fake):
         yield
 
 
+def _inputs(spec: StepSpec, ref: ModelRef, model, fake, device: str) -> dict:
+    """The batch on `device`: real for a real step; for a fake one (under `fake`), fake tensors of its shapes
+    and dtypes, learnt from one real row (fake.fake_batch): nothing of the batch's size is allocated."""
+    if fake is None:
+        batch = make_batch(model, ref, spec.batch, spec.seq, spec.image_size, spec.seed)
+        return {k: v.to(device) for k, v in batch.items()}
+    from .fake import fake_batch
+
+    return fake_batch(make_batch(model, ref, 1, spec.seq, spec.image_size, spec.seed), spec.batch, fake)
+
+
 @contextlib.contextmanager
 def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all: bool = False,
               budget: dict | None = None):
@@ -213,18 +225,16 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
     import torch
 
     ref = ref or resolve_model(spec.model, spec.task)
-    check_spec(spec, ref)
+    check_spec(spec, ref, fake=fake is not None)
     if spec.budget_bytes is not None and budget is None and not freeze_all:
         raise ValueError("open_step: the spec asks for the scheduler's budget mode (budget_bytes); pass "
                          "budget=slimfit.plan.scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes)")
     with _building(fake):
         model = _build(spec, ref, fake=fake is not None)
         optimizer = _optimizer(spec, model, fake=fake is not None)
-    # the batch is real even for a prediction (small; transformers reads the attention mask: fake.py); a fake
-    # run stays on the CPU whatever the spec's device (docs/plan.md: what a CUDA prediction is)
+    # a fake run stays on the CPU whatever the spec's device (docs/plan.md: what a CUDA prediction is)
     run_device = "cpu" if fake is not None else spec.device
-    inputs = {k: v.to(run_device) for k, v in make_batch(model, ref, spec.batch, spec.seq, spec.image_size,
-                                                         spec.seed).items()}
+    inputs = _inputs(spec, ref, model, fake, run_device)
     # outside the fake mode: the scheduler's bookkeeping is real
     scheduler, scheduled = _scheduler(spec, model, optimizer, budget, freeze_all, fake=fake is not None)
     step = Step(spec, ref, model, inputs, optimizer, scheduler, scheduled=scheduled, run_device=run_device)

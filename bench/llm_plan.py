@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""`slimfit plan` at the shapes LLMs are fine-tuned at: the predicted whole-step peak of the recipes people run,
+next to the public numbers, with no GPU and no download.
+
+    python -m bench.llm_plan                  # every case, bench/results/llm_plan.{csv,md}
+    python -m bench.llm_plan --only llama-3.2-3b --fit 24GiB   # one model, plus --fit's pick under 24 GiB
+    python -m bench.llm_plan --quick --out-dir /tmp/x         # tiny decoders (the smoke test)
+
+Each row is one StepSpec predicted on fake tensors (slimfit/memory/plan/), full depth, bf16 weights (the model
+and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: CUDA's attention backends):
+  plain             torch AdamW, sdpa attention;
+  torchtune recipe  8-bit AdamW (torchao's AdamW8bit layout; bitsandbytes' 8-bit AdamW keeps the same bytes to
+                    within its 256-entry tables) + activation checkpointing of every layer; the recipe's
+                    optimizer step in backward, chunked CE, paged optimizer state, compile and activation
+                    offload are NOT modelled (StepSpec cannot express them), so this row is above the recipe;
+  LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
+  slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default frozen_state: every AdamW
+                    state 8-bit), the first step's frozen set;
+with the step time of plan/cost.py (nominal H100-class rates: for ranking, not a benchmark).
+"""
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # file form: python bench/llm_plan.py (bench/_shim.py)
+    import _shim
+    _shim.run_as_module(__file__)
+
+import argparse
+import sys
+import time
+
+from bench import _results
+
+NAME = "llm_plan"
+GiB = 2 ** 30
+FIELDS = ["model", "batch", "seq", "row", "peak_gib", "weights_gib", "grads_gib", "state_gib", "saved_gib",
+          "transient_gib", "peak_phase", "est_step_s", "plan_s"]
+# (model, batch, seq): the public recipes' shapes first (torchtune's README), then the other shipped configs
+CASES = [("llama-3.1-8b", 2, 2048), ("llama-3.2-3b", 2, 4096), ("qwen2.5-0.5b", 1, 1024),
+         ("llama-3.2-1b", 1, 1024), ("qwen2.5-1.5b", 1, 1024), ("qwen2.5-7b", 2, 2048)]
+QUICK = [("llama-tiny", 1, 32)]
+ROWS = {"plain bf16, AdamW": {},
+        "torchtune recipe: 8-bit AdamW + checkpointing": dict(optimizer="adamw8bit", checkpointing=True),
+        "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
+        "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7)}
+PUBLIC = {("llama-3.1-8b", 2, 2048): "torchtune: 18.9 GiB (bf16 + 8-bit paged AdamW + step in backward + "
+                                     "checkpointing + chunked CE, RTX 4090)",
+          ("llama-3.2-3b", 2, 4096): "torchtune: 17.6 GiB with every flag stacked (from 60.0 GiB)"}
+
+
+def predict_row(model: str, batch: int, seq: int, fields: dict, device: str) -> dict:
+    """One configuration predicted: its peak and parts in GiB, where the peak is, the estimated step time."""
+    from slimfit.plan import StepSpec, predict
+
+    spec = StepSpec(model, batch=batch, seq=seq, dtype="bf16", device=device, **{"rate": 0.0, **fields})
+    p = predict(spec)
+    m = p.memory
+    return {"model": model, "batch": batch, "seq": seq, "peak_gib": f"{m.total / GiB:.2f}",
+            "weights_gib": f"{m.weights / GiB:.2f}", "grads_gib": f"{m.gradients / GiB:.2f}",
+            "state_gib": f"{m.optimizer_state / GiB:.2f}", "saved_gib": f"{m.saved / GiB:.2f}",
+            "transient_gib": f"{m.transient / GiB:.2f}", "peak_phase": m.peak_phase,
+            "est_step_s": f"{p.step_time():.3g}", "plan_s": f"{p.seconds:.0f}"}
+
+
+def fit_row(model: str, batch: int, seq: int, budget: str, device: str) -> dict:
+    """--fit's pick under the budget (search.py), as a row; its label names the configuration."""
+    from slimfit.memory.plan.search import fit
+    from slimfit.memory.units import parse_bytes
+    from slimfit.plan import StepSpec
+
+    start = time.perf_counter()
+    result = fit(StepSpec(model, batch=batch, seq=seq, dtype="bf16", device=device), parse_bytes(budget),
+                 on_progress=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
+    took = time.perf_counter() - start
+    if result.best is None:
+        return {"model": model, "batch": batch, "seq": seq, "row": f"--fit {budget}: nothing fits",
+                "plan_s": f"{took:.0f}"}
+    p = result.best.prediction
+    m = p.memory
+    return {"model": model, "batch": batch, "seq": seq, "row": f"--fit {budget}: {p.spec.label()}",
+            "peak_gib": f"{m.total / GiB:.2f}", "weights_gib": f"{m.weights / GiB:.2f}",
+            "grads_gib": f"{m.gradients / GiB:.2f}", "state_gib": f"{m.optimizer_state / GiB:.2f}",
+            "saved_gib": f"{m.saved / GiB:.2f}", "transient_gib": f"{m.transient / GiB:.2f}",
+            "peak_phase": m.peak_phase, "est_step_s": f"{p.step_time():.3g}", "plan_s": f"{took:.0f}"}
+
+
+def markdown(rows: list[dict], argv: list[str], device: str) -> str:
+    """The results file: header (command, commit, date, versions), what each row is, the table, the public
+    numbers it compares with."""
+    head = ["model", "b", "seq", "configuration", "step peak GiB", "weights", "grads", "opt. state", "saved",
+            "transient", "peak in", "est. step s", "plan s"]
+    body = [[r["model"], r["batch"], r["seq"], r["row"], r.get("peak_gib", "-"), r.get("weights_gib", "-"),
+             r.get("grads_gib", "-"), r.get("state_gib", "-"), r.get("saved_gib", "-"), r.get("transient_gib", "-"),
+             r.get("peak_phase", "-"), r.get("est_step_s", "-"), r.get("plan_s", "-")] for r in rows]
+    lines = [f"# slimfit plan at LLM scale: predicted whole-step peaks ({device}, bf16 weights)", "",
+             f"`{_results.command(NAME, argv)}`; commit {_results.commit_label()}; {_results.now()}; torch "
+             f"{_results.versions()['torch']}; planned on {_results.device_name('cpu')}.", "",
+             "Every row is predicted on fake tensors at full depth (every layer; nothing allocated, no weights "
+             "downloaded: the configs of slimfit/memory/models.py). The parts are at the peak; `saved` is what "
+             "autograd keeps for backward. The step time is plan/cost.py's estimate with nominal H100-class "
+             "rates (for ranking configurations, not a benchmark). bench/llm_plan.py's docstring says what each "
+             "row models; the torchtune row leaves out the recipe's optimizer step in backward, chunked CE, "
+             "paged optimizer state and activation offload, which StepSpec cannot express: it is the recipe's "
+             "upper bound, not its number.", ""]
+    lines += _results.md_table(head, body, right=set(range(4, 13)) - {10})
+    public = [f"- {m} b{b} s{s}: {text}" for (m, b, s), text in PUBLIC.items()
+              if any(r["model"] == m and int(r["batch"]) == b and int(r["seq"]) == s for r in rows)]
+    if public:
+        lines += ["", "Public numbers at the same shapes (measured on a GPU, so they add the CUDA context and the "
+                  "allocator's slack):", ""] + public
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny decoder only (the smoke test)")
+    p.add_argument("--only", default=None, help="models whose name contains this")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the planned step's device")
+    p.add_argument("--fit", default=None, metavar="BUDGET", help="add --fit's pick under BUDGET (e.g. 24GiB)")
+    p.add_argument("--out-dir", default=None, help="where the results go (default bench/results)")
+    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cases = [c for c in (QUICK if args.quick else CASES) if args.only is None or args.only in c[0]]
+    rows = []
+    for model, batch, seq in cases:
+        for label, fields in ROWS.items():
+            rows.append({**predict_row(model, batch, seq, fields, args.device), "row": label})
+            r = rows[-1]
+            print(f"{model:14s} b{batch} s{seq:<5d} {label:48s} {r['peak_gib']:>8} GiB  "
+                  f"({r['plan_s']} s to plan)", flush=True)
+        if args.fit:
+            rows.append(fit_row(model, batch, seq, args.fit, args.device))
+            print(f"{model:14s} b{batch} s{seq:<5d} {rows[-1]['row']}: {rows[-1].get('peak_gib', '-')} GiB "
+                  f"({rows[-1]['plan_s']} s to search)", flush=True)
+    if args.quick and args.out_dir is None:
+        return 0
+    _results.write_rows(_results.results_path(NAME, "csv", out_dir=args.out_dir), rows, FIELDS)
+    _results.write_text(_results.results_path(NAME, "md", out_dir=args.out_dir), markdown(rows, argv, args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
