@@ -59,8 +59,10 @@ Codes are packed as quantize packs them (4-bit: element i in byte i // 2 at bit 
 fp32, one per block. A block holding NaN/Inf has a non-finite absmax (the Python wrapper turns that into
 an error with check_finite=True) and dequantizes to non-finite values; a block of zeros or of subnormals
 (absmax < 2**-126) gets every code of y = 0, restored as qmap[code] * absmax: 0, or a value below 2**-126.
-Bit-exact across backends for maps whose midpoints are normal fp32 numbers (qmaps.py's are), since a GPU
-may flush a subnormal y to 0.
+Bit-exact across backends for maps whose midpoints, levels and gaps are normal fp32 numbers or 0 (qmaps.py's
+are), since a GPU may flush a subnormal y to 0: the comparisons come out alike, and stochastic rounding's
+t = y * g of a subnormal y above the 0 level is below 2**-100, so only a draw of u = 0 exactly (a chance of
+2**-24 per such element) could tell the flushed y from the unflushed one.
 dequantize_blockwise: y = qmap[code] * absmax in fp32 (one multiply), cast to dtype. |qmap| <= 1 keeps
 it within the block's absmax: no overflow.
 
