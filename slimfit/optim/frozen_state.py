@@ -87,7 +87,7 @@ class FrozenState:
     device's own (slimfit.plan gives one whose host copies a fake CPU run of a CUDA step does not count).
     ``code``/``bits``: how mode="compress" codes a moment: "linear" (8 bits, the default: per-group min/max,
     ``stochastic`` rounding from ``seed``) or "dynamic" (8 or 4 bits: block-wise dynamic codes of
-    ``group_size`` elements, rounded to nearest; codec.py, dynamic_code.py).
+    ``group_size`` elements, ``stochastic`` rounding from ``seed`` as well; codec.py, dynamic_code.py).
     """
 
     def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
