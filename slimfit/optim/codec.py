@@ -48,7 +48,7 @@ from slimfit.kernels import QuantizedTensor, dequantize, quantize
 from . import dynamic_code
 
 __all__ = ["encode", "decode", "encoded_nbytes", "entry_nbytes", "code_of", "is_encoded", "rounding_loss",
-           "zeros_entry", "decode_range", "encode_range_", "CODES", "check_code"]
+           "zeros_entry", "decode_range", "encode_range_", "decode_ranges", "encode_ranges_", "CODES", "check_code"]
 
 BITS = 8
 CODES = ("linear", "dynamic")
@@ -147,6 +147,15 @@ def decode(entry: dict, device: torch.device | None = None) -> torch.Tensor:
 def _restored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.Tensor:
     """Codes with their groups' scales and offsets restored to the entry's moment (its floor and square for
     a second moment), in the entry's dtype."""
+    x = _floored(entry, codes, scale, offset, shape, device)
+    if entry["sqrt"]:
+        x.square_()
+    return x.to(entry["dtype"])
+
+
+def _floored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.Tensor:
+    """The dequantized fp32 values of the codes (for a second moment: s = sqrt(v) with its floor, not yet
+    squared)."""
     codes = codes.to(device=device, dtype=torch.uint8)
     scale = scale.to(device=device, dtype=torch.float32)
     offset = offset.to(device=device, dtype=torch.float32)
@@ -154,8 +163,7 @@ def _restored(entry: dict, codes, scale, offset, shape: tuple, device) -> torch.
     x = dequantize(QuantizedTensor(codes, scale, offset, shape, torch.float32, BITS, group_size))
     if entry["sqrt"]:
         _floor_per_group_(x.view(-1), rounding_loss(scale, bool(entry["stochastic"])), group_size)
-        x.square_()
-    return x.to(entry["dtype"])
+    return x
 
 
 # ---------------------------------------------------------------- a range of elements at a time
@@ -216,3 +224,65 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
     entry["codes"].view(-1)[start:end].copy_(q.codes.view(-1))
     entry["scale"][a:b].copy_(q.scale.view(-1))
     entry["offset"][a:b].copy_(q.offset.view(-1))
+
+
+# ---------------------------------------------------------------- many ranges at a time
+# The held step (held_step.py) decodes and encodes the pieces of several parameters together: what is
+# elementwise and the same for every piece (a second moment's square, its square root, the copies of the new
+# codes into the entries) runs as one multi-tensor op over all of them, so that a GPU launches it once
+# instead of once per piece. Each piece's values are those of decode_range / encode_range_ bit for bit.
+
+@torch.no_grad()
+def decode_ranges(ranges) -> list:
+    """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; the
+    linear second moments' squares taken by one multi-tensor op."""
+    out, squared = [], []
+    for entry, start, end in ranges:
+        if _dynamic(entry) or not entry["sqrt"]:
+            out.append(decode_range(entry, start, end))
+            continue
+        a, b = _group_range(entry, start, end)
+        codes = entry["codes"].view(-1)[start:end]
+        x = _floored(entry, codes, entry["scale"][a:b], entry["offset"][a:b], (end - start,), codes.device)
+        squared.append((len(out), x, entry["dtype"]))
+        out.append(x)
+    if squared:
+        xs = [x for _, x, _ in squared]
+        torch._foreach_mul_(xs, xs)   # x * x: square_'s arithmetic
+        for i, x, dtype in squared:
+            out[i] = x.to(dtype)
+    return out
+
+
+@torch.no_grad()
+def encode_ranges_(items) -> None:
+    """``encode_range_(entry, start, x, seed=seed)`` of each (entry, start, x, seed) in ``items``, the same
+    entries; the linear second moments' square roots taken by multi-tensor ops (in place: an fp32 ``x`` of a
+    second moment is used as scratch), the new codes, scales and maxima copied into the entries by one
+    multi-tensor copy per dtype."""
+    roots = [i for i, (entry, _, _, _) in enumerate(items) if entry["sqrt"] and not _dynamic(entry)]
+    xs = {i: items[i][2].detach().float() for i in roots}
+    if roots:
+        torch._foreach_clamp_min_(list(xs.values()), 0)   # as _quantized: -0.0 or -tiny kept out of NaN
+        torch._foreach_sqrt_(list(xs.values()))
+    copies: dict = {}
+
+    def copy(dst, src):
+        copies.setdefault((dst.dtype, src.dtype, dst.device), []).append((dst, src))
+
+    for i, (entry, start, x, seed) in enumerate(items):
+        end = start + x.numel()
+        a, b = _group_range(entry, start, end)
+        if _dynamic(entry):
+            codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]),
+                                                   int(entry["bits"]), dynamic_code.rounds_stochastically(entry), seed)
+            copy(entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)], codes.view(-1))
+            copy(entry["absmax"][a:b], absmax.view(-1))
+            continue
+        q = quantize(xs.get(i, x.detach()), bits=BITS, group_size=int(entry["group_size"]),
+                     stochastic=bool(entry["stochastic"]), seed=seed)
+        copy(entry["codes"].view(-1)[start:end], q.codes.view(-1))
+        copy(entry["scale"][a:b], q.scale.view(-1))
+        copy(entry["offset"][a:b], q.offset.view(-1))
+    for pairs in copies.values():
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])

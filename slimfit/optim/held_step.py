@@ -52,37 +52,87 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
     return max(group_size, -(-chunk_numel // group_size) * group_size)
 
 
+def _batches(params, states, factors, chunk_numel: int, first_key: str):
+    """Batches of pieces (param index, start, end): each piece starts at a multiple of its entries' group
+    size, and consecutive pieces of parameters with the same learning-rate factor and step-count device are
+    packed into one batch of at most about ``chunk_numel`` elements (one piece may fill it)."""
+    runs: dict = {}
+    for i in range(len(params)):
+        runs.setdefault((factors[i], states[i]["step"].device), []).append(i)
+    for (factor, _), idx in runs.items():
+        batch, size = [], 0
+        for i in idx:
+            n = params[i].numel()
+            chunk = _aligned(chunk_numel, int(states[i][first_key]["group_size"]))
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
+                if batch and size + b - a > chunk_numel:
+                    yield factor, batch
+                    batch, size = [], 0
+                batch.append((i, a, b))
+                size += b - a
+        if batch:
+            yield factor, batch
+
+
+def _olds(pieces):
+    """Copies of the weight pieces (one op per dtype: a concatenation, split back into views)."""
+    out = [None] * len(pieces)
+    by_dtype: dict = {}
+    for j, t in enumerate(pieces):
+        by_dtype.setdefault((t.dtype, t.device), []).append(j)
+    for idx in by_dtype.values():
+        for j, t in zip(idx, torch.cat([pieces[j] for j in idx]).split([pieces[j].numel() for j in idx])):
+            out[j] = t
+    return out
+
+
+def _seed(holder, p, key: str, step: float, start: int) -> int:
+    """The holder's encoding seed of a piece, from the step count read once per call (no host read here)."""
+    return holder.seed_for(p, key, {"step": step}, start=start)
+
+
 @torch.no_grad()
 def step_held(optimizer, group, params, chunk_numel: int, observer, holder, rounding=None) -> None:
-    """torch's Adam step of ``params`` (held, each with a gradient), a piece at a time; gradients dropped.
-    ``rounding`` (a WeightRounding, or None: nearest): bf16 / fp16 weights written by stochastic rounding."""
+    """torch's Adam step of ``params`` (held, each with a gradient), a batch of pieces at a time; gradients
+    dropped. ``rounding`` (a WeightRounding, or None: nearest): bf16 / fp16 weights written by stochastic
+    rounding.
+
+    Launches: a batch packs pieces of several parameters (at most about ``chunk_numel`` elements in all)
+    into one call of torch's functional Adam, its moments decoded and encoded by codec.decode_ranges /
+    encode_ranges_ (one dequantize and one quantize per piece and moment, the rest multi-tensor), and every
+    step count is read on the host once per call (the encoding seeds), not once per piece."""
     moments = held_moments(group)
-    for p, factor in zip(params, lr_factors(observer, params)):
-        state = optimizer.state[p]
-        step_t = state["step"]
-        before = step_t.clone()
-        count = before
-        watched = observer is not None and observer.wants(p)
-        flat_p, flat_g = p.view(-1), p.grad.view(-1)
-        n = p.numel()
-        chunk = _aligned(chunk_numel, int(state[moments[0][0] + Q8]["group_size"]))
-        if n == 0:   # no piece to step: the count moves as torch's would
-            count = before + 1
-        for a in range(0, n, chunk):
-            b = min(n, a + chunk)
-            m = [codec.decode_range(state[k + Q8], a, b) for k, _ in moments]
-            piece = flat_p[a:b]
-            old = piece.clone() if watched else None
-            count = before.clone()
-            args = ([piece], [flat_g[a:b]], [m[0]], [m[1]], m[2:], [count])
-            if rounding is None:
-                adam_step(optimizer, scaled_group(group, factor), *args)
-            else:
-                adam_step_rounded(optimizer, scaled_group(group, factor), *args, [rounding.seed(p, before, a)])
-            for (key, _), x in zip(moments, m):
-                codec.encode_range_(state[key + Q8], a, x, seed=holder.seed_for(p, key, state, start=a))
-            if old is not None:
-                observer.piece(p, a, old, piece)
-            del m, old
-        step_t.copy_(count)
+    states = [optimizer.state[p] for p in params]
+    steps = [st["step"] for st in states]
+    numbers = torch.stack(steps).tolist() if len({s.device for s in steps}) == 1 else [float(s) for s in steps]
+    watched = [observer is not None and observer.wants(p) for p in params]
+    last: list = [None] * len(params)
+    for factor, batch in _batches(params, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8):
+        pieces = [params[i].view(-1)[a:b] for i, a, b in batch]
+        m = [codec.decode_ranges([(states[i][k + Q8], a, b) for i, a, b in batch]) for k, _ in moments]
+        seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
+        olds = dict(zip(seen, _olds([pieces[j] for j in seen]))) if seen else {}
+        counts = list(torch.stack([steps[i] for i, _, _ in batch]).unbind())
+        args = (pieces, [params[i].grad.view(-1)[a:b] for i, a, b in batch], m[0], m[1], m[2] if len(m) > 2 else [],
+                counts)
+        if rounding is None:
+            adam_step(optimizer, scaled_group(group, factor), *args)
+        else:
+            adam_step_rounded(optimizer, scaled_group(group, factor), *args,
+                              [rounding.seed(params[i], numbers[i], a) for i, a, _ in batch])
+        codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a))
+                              for (key, _), xs in zip(moments, m) for (i, a, _), x in zip(batch, xs)])
+        for j, (i, a, _) in enumerate(batch):
+            last[i] = counts[j]
+            if j in olds:
+                observer.piece(params[i], a, olds[j], pieces[j])
+        del m, olds, pieces, args
+    moved = [(s, c) for s, c in zip(steps, last) if c is not None]
+    if moved:
+        torch._foreach_copy_([s for s, _ in moved], [c for _, c in moved])
+    for s, c in zip(steps, last):
+        if c is None:   # no element to step: the count moves as torch's would
+            s.add_(1)
+    for p in params:
         p.grad = None
