@@ -30,13 +30,24 @@ class InStepScores:
 
     def __init__(self, scheduler):
         self._scheduler = weakref.ref(scheduler)
+        self._flags = (None, -1, [])   # (the scheduler's trained-flag tensor, its version, its values)
+
+    def _trained(self, sched) -> list:
+        """The scheduler's trained flags as Python bools, read from their tensor once per change of it (one
+        host read, not one per parameter and piece)."""
+        t = sched._trained
+        held, version, flags = self._flags
+        if held is not t or version != t._version:
+            flags = t.tolist()
+            self._flags = (t, t._version, flags)
+        return flags
 
     def _layer(self, p):
         sched = self._scheduler()
         if sched is None:
             return None, None
         i = sched._index.get(id(p))
-        if i is None or not bool(sched._trained[i]):
+        if i is None or not self._trained(sched)[i]:
             return sched, None
         return sched, i
 

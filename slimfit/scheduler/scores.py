@@ -249,6 +249,9 @@ def _foreach_scores(kind: str, o: list, w: list, flags: list, chunk_numel: int, 
 # (at::internal::GRAIN_SIZE = 32768): no OpenMP fork/join per block, which on a busy machine
 # cost more than the arithmetic.
 BLOCK_NUMEL = 1 << 15
+# Blocks reduced by one call (BlockSums.add_blocks): each block's sum is still its own, but a call's few ops
+# and one host read cover this many, and its temporaries stay a few MiB (4 MiB of fp32 at 1 << 15).
+ROWS_PER_CALL = 32
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -258,8 +261,8 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 class BlockSums:
     """One layer's score summed over its entries piece by piece, in order: ``add(old, new)`` with flat,
-    contiguous pieces of W_old and W_new (any length), ``value()`` the score. The CPU path walks each piece
-    in blocks of BLOCK_NUMEL with the sums on the host (no kernel launch to wait for there); given the
+    contiguous pieces of W_old and W_new (any length), ``value()`` the score. The CPU path sums each piece
+    in blocks of BLOCK_NUMEL, ROWS_PER_CALL blocks reduced by one call, with the sums on the host; given the
     pieces of a tensor in order, at offsets that are multiples of BLOCK_NUMEL, it adds the same blocks in
     the same order as one call over the whole tensor, so its score is that one bit for bit. Other devices
     keep the sums on the device (one piece at a time, no host sync until ``value()``)."""
@@ -278,9 +281,43 @@ class BlockSums:
         # Under fake tensors (slimfit plan) the first block stands for all: the same temporaries, and a
         # large model's prediction does not walk millions of blocks whose numbers mean nothing there.
         end = min(old.numel(), BLOCK_NUMEL) if _is_fake(old) else old.numel()
-        for a in range(0, end, BLOCK_NUMEL):
-            self.add_block(old[a:a + BLOCK_NUMEL], new[a:a + BLOCK_NUMEL])
-        self._buf = None   # one block's buffer while the piece is walked, not kept until the scores are read
+        step = BLOCK_NUMEL * ROWS_PER_CALL
+        for a in range(0, end, step):
+            self.add_blocks(old[a:min(end, a + step)], new[a:min(end, a + step)])
+        self._buf = None   # one call's buffer while the piece is walked, not kept until the scores are read
+
+    def add_blocks(self, o: torch.Tensor, w: torch.Tensor) -> None:
+        """Consecutive blocks of BLOCK_NUMEL entries (the last one may be shorter), sums on the host, each
+        block's sums those of ``add_block`` and added in the same order: the full blocks reduced by one row
+        reduction (a few ops and one host read for all of them, not a few per block)."""
+        full = o.numel() // BLOCK_NUMEL
+        cut = full * BLOCK_NUMEL
+        if full:
+            self._add_rows(o[:cut].view(full, BLOCK_NUMEL), w[:cut].view(full, BLOCK_NUMEL))
+        if o.numel() > cut:
+            self.add_block(o[cut:], w[cut:])
+
+    def _add_rows(self, o: torch.Tensor, w: torch.Tensor) -> None:
+        """Rows of BLOCK_NUMEL entries, each a block: its sum is the row's reduction (the same reduction as
+        one block's), added to the host sums row by row, in order."""
+        if self.acc != o.dtype:
+            o, w = o.to(self.acc), w.to(self.acc)
+        d = torch.sub(w, o)
+        if self.kind == "relative":
+            for r, blk in enumerate(torch.div(d, o, out=d).norm(1, dim=1, dtype=torch.float64).tolist()):
+                if math.isfinite(blk):
+                    self.total += blk
+                    self.count += BLOCK_NUMEL
+                else:   # zeros in W_old: redo this block zero-aware
+                    self._zero_aware(o[r], w[r])
+        elif self.kind == "absolute":
+            for blk in d.norm(1, dim=1, dtype=torch.float64).tolist():
+                self.total += blk
+                self.count += BLOCK_NUMEL
+        else:
+            for dn, on in zip(d.norm(dim=1).tolist(), o.norm(dim=1).tolist()):
+                self.total += dn ** 2
+                self.count += on ** 2
 
     def add_block(self, o: torch.Tensor, w: torch.Tensor) -> None:
         """One block (at most BLOCK_NUMEL entries), sums on the host."""
@@ -297,18 +334,22 @@ class BlockSums:
                 self.total += blk
                 self.count += d.numel()
             else:  # zeros in W_old: redo this block zero-aware
-                torch.sub(w, o, out=d)
-                keep = o != 0
-                dd = d[keep]
-                self.total += float((dd / o[keep]).norm(1))
-                self.count += float(keep.sum())
-                self.moved += float(d.norm(1))
+                self._zero_aware(o, w)
         elif kind == "absolute":
             self.total += float(d.norm(1, dtype=torch.float64))
             self.count += d.numel()
         else:  # (norms, not dot: dot goes to BLAS, which brings its own threads)
             self.total += float(d.norm()) ** 2
             self.count += float(o.norm()) ** 2
+
+    def _zero_aware(self, o: torch.Tensor, w: torch.Tensor) -> None:
+        """One block of the relative score with zeros in W_old (already in the accumulation dtype): entries
+        with W_old == 0 left out, the block's movement kept apart."""
+        d = torch.sub(w, o)
+        keep = o != 0
+        self.total += float((d[keep] / o[keep]).norm(1))
+        self.count += float(keep.sum())
+        self.moved += float(d.norm(1))
 
     def _add_on_device(self, o: torch.Tensor, w: torch.Tensor) -> None:
         o, w = o.to(self.acc), w.to(self.acc)
@@ -354,10 +395,11 @@ def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: boo
         return val
     o_all, n_all = old.detach().view(-1), new.detach().view(-1)
     sums = BlockSums(kind, old.dtype)
-    for a in range(0, o_all.numel(), BLOCK_NUMEL):
-        sums.add_block(o_all[a:a + BLOCK_NUMEL], n_all[a:a + BLOCK_NUMEL])
+    step = BLOCK_NUMEL * ROWS_PER_CALL
+    for a in range(0, o_all.numel(), step):
+        sums.add_blocks(o_all[a:a + step], n_all[a:a + step])
         if refresh:
-            o_all[a:a + BLOCK_NUMEL].copy_(n_all[a:a + BLOCK_NUMEL])
+            o_all[a:a + step].copy_(n_all[a:a + step])
     return sums.value()
 
 
