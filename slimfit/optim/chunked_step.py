@@ -23,8 +23,9 @@ whose state is held by slimfit.optim.FrozenState (its own hook puts it back firs
 
 An ``observer`` (the scheduler's in-step scoring) sees each piece of a parameter before and after its update:
 ``observer.wants(p)`` says whether to keep the piece's old values (a copy of one piece at a time),
-``observer.piece(p, start, old, new)`` gets them, and ``observer.left_to_optimizer(params)`` names the
-parameters left to torch's step, right before it moves them (the scheduler snapshots those).
+``observer.piece(p, start, old, new)`` gets them (``observer.pieces(items)``, when it has it, a call's pieces
+all at once), and ``observer.left_to_optimizer(params)`` names the parameters left to torch's step, right
+before it moves them (the scheduler snapshots those).
 
 With a holder (``FrozenState(between_steps=True)``, ``SchedulerConfig(frozen_state="compress_all")``) every
 parameter's moments stay 8-bit between steps and are decoded a piece at a time inside this step
@@ -44,7 +45,7 @@ import torch
 
 from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 
-from .held_step import is_held, new_held_state, step_held
+from .held_step import is_held, new_held_state, report_pieces, step_held
 from .keys import held_key
 from .moments import plain_tensor
 from .torch_adam import adam_step, lr_factors, scaled_group
@@ -158,11 +159,14 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
                               [rounding.seed(ps[i], before[i], a) for i, a, _ in batch])
+        seen = []
         for (i, a, _), v, old, count in zip(batch, views, olds, counts):
             last[i] = count
             if old is not None:
-                observer.piece(ps[i], a, old, v[0])
-        del views, olds
+                seen.append((ps[i], a, old, v[0]))
+        if seen:
+            report_pieces(observer, seen)
+        del views, olds, seen
     for s, new in zip(steps, last):
         s.copy_(new)
     for p in ps:

@@ -19,7 +19,7 @@ from .keys import Q8
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import adam_step_rounded
 
-__all__ = ["held_moments", "step_held", "new_held_state"]
+__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
 _MAX = ("max_exp_avg_sq", True)
@@ -87,6 +87,17 @@ def _olds(pieces):
     return out
 
 
+def report_pieces(observer, items) -> None:
+    """Each (p, start, old, new) of a call told to ``observer``: all at once through its ``pieces`` when it has
+    one (the scheduler sums a call's pieces together), else ``piece`` by piece."""
+    many = getattr(observer, "pieces", None)
+    if many is not None:
+        many(items)
+        return
+    for item in items:
+        observer.piece(*item)
+
+
 def _seed(holder, p, key: str, step: float, start: int) -> int:
     """The holder's encoding seed of a piece, from the step count read once per call (no host read here)."""
     return holder.seed_for(p, key, {"step": step}, start=start)
@@ -123,10 +134,10 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
                               [rounding.seed(params[i], numbers[i], a) for i, a, _ in batch])
         codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a))
                               for (key, _), xs in zip(moments, m) for (i, a, _), x in zip(batch, xs)])
-        for j, (i, a, _) in enumerate(batch):
+        for j, (i, _, _) in enumerate(batch):
             last[i] = counts[j]
-            if j in olds:
-                observer.piece(params[i], a, olds[j], pieces[j])
+        if olds:
+            report_pieces(observer, [(params[batch[j][0]], batch[j][1], old, pieces[j]) for j, old in olds.items()])
         del m, olds, pieces, args
     moved = [(s, c) for s, c in zip(steps, last) if c is not None]
     if moved:

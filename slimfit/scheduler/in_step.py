@@ -6,7 +6,8 @@ taken a piece at a time (slimfit.optim.ChunkedStep, attached by default through
 ``SchedulerConfig.step_chunk_numel``), each piece's old values exist anyway for a moment: InStepScores adds
 them to the layer's running sums (scores.BlockSums) right after the piece's update, so no snapshot is made.
 On the CPU the score is the snapshot path's bit for bit (the same blocks, in the same order; tested);
-elsewhere the sums stay on the device and equal it up to rounding.
+elsewhere the sums of a call's pieces are computed together on the device (a few multi-tensor ops) and read
+to the host once, when the scores are taken; they equal the snapshot path's up to rounding.
 
 With ``update_scale="share"`` the observer also names each trained layer's catch-up factor (``lr_factor``): the
 chunked step runs that layer's update at the group's learning rate times the factor, so the stretched update
@@ -64,13 +65,25 @@ class InStepScores:
         return 1.0 if i is None else sched._coming_factor(i)
 
     def piece(self, p, start: int, old, new) -> None:
-        sched, i = self._layer(p)
-        if i is None:
-            return
-        sums = sched._sums.get(i)
-        if sums is None:
-            sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
-        sums.add(old, new)
+        self.pieces([(p, start, old, new)])
+
+    def pieces(self, items) -> None:
+        """``piece(p, start, old, new)`` of each item, in order: the pieces on a device summed together
+        (BlockSums.add_together: a few multi-tensor ops for all, one host read when the scores are taken)."""
+        on_device = []
+        for p, _, old, new in items:
+            sched, i = self._layer(p)
+            if i is None:
+                continue
+            sums = sched._sums.get(i)
+            if sums is None:
+                sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
+            if sums.host:
+                sums.add(old, new)
+            else:
+                on_device.append((sums, old, new))
+        if on_device:
+            BlockSums.add_together(on_device)
 
     def left_to_optimizer(self, params) -> None:
         sched = self._scheduler()

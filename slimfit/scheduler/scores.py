@@ -272,6 +272,7 @@ class BlockSums:
         # relative: Σ|Δ/W_old|, #kept, Σ|Δ| ; robust: Σ Δ², Σ W_old², - ; absolute: Σ|Δ|, #entries, -
         self.total = self.count = self.moved = 0.0
         self._buf = None
+        self._pending: list = []   # (DeviceBatch, index): device sums not yet read to the host
 
     def add(self, old: torch.Tensor, new: torch.Tensor) -> None:
         old, new = old.detach().reshape(-1), new.detach().reshape(-1)
@@ -352,25 +353,29 @@ class BlockSums:
         self.moved += float(d.norm(1))
 
     def _add_on_device(self, o: torch.Tensor, w: torch.Tensor) -> None:
-        o, w = o.to(self.acc), w.to(self.acc)
-        d = (w - o).abs_()
-        f64 = torch.float64
-        if self.kind == "relative":   # entries with W_old == 0 left out, as the host path's zero-aware blocks
-            keep = o != 0
-            total = (d / torch.where(keep, o.abs(), torch.ones_like(o))).masked_fill_(~keep, 0).sum(dtype=f64)
-            count, moved = keep.sum(dtype=f64), d.sum(dtype=f64)
-        elif self.kind == "absolute":
-            total, count, moved = d.sum(dtype=f64), float(d.numel()), 0.0
-        else:
-            total, count, moved = d.square().sum(dtype=f64), o.square().sum(dtype=f64), 0.0
-        self.total, self.count, self.moved = self.total + total, self.count + count, self.moved + moved
+        BlockSums.add_together([(self, o, w)])
+
+    @staticmethod
+    def add_together(items) -> None:
+        """``add(old, new)`` of each (sums, old, new) in ``items`` whose sums stay on the device (in order, one
+        kind): the pieces' sums computed together (a DeviceBatch, a few multi-tensor ops for all of them) and
+        read to the host once, when the first of them is asked for."""
+        batch = DeviceBatch(items[0][0].kind, [(o.detach().reshape(-1).to(sm.acc), w.detach().reshape(-1).to(sm.acc))
+                                               for sm, o, w in items])
+        for j, (sm, _, _) in enumerate(items):
+            sm._pending.append((batch, j))
 
     def sums(self) -> list[float]:
         """[total, count, moved] (what a mid-step checkpoint saves; ``restore`` puts them back)."""
+        pending, self._pending = self._pending, []
+        for batch, j in pending:
+            total, count, moved = batch.part(j)
+            self.total, self.count, self.moved = self.total + total, self.count + count, self.moved + moved
         return [float(v) for v in (self.total, self.count, self.moved)]
 
     def restore(self, sums) -> "BlockSums":
         self.total, self.count, self.moved = (float(v) for v in sums)
+        self._pending = []
         return self
 
     def value(self) -> float:
@@ -384,6 +389,51 @@ class BlockSums:
         if count > 0:
             return math.sqrt(total) / math.sqrt(count)
         return math.inf if total > 0 else 0.0
+
+
+class DeviceBatch:
+    """The sums of several pieces (of one layer each) on their device: per piece, the (total, count, moved)
+    of its score kind (BlockSums), computed by multi-tensor ops over all the pieces at once (about a dozen
+    launches for the batch, not a dozen per piece) and read to the host in one transfer, when the first of
+    them is asked for (``part``), not during the optimizer step. Entries with W_old == 0 are left out of the
+    relative score, as the host path's zero-aware blocks; sums accumulate in float64 output (fp32 partial
+    sums on a GPU)."""
+
+    def __init__(self, kind: str, pairs):
+        olds, news = [o for o, _ in pairs], [w for _, w in pairs]
+        f64 = torch.float64
+        d = torch._foreach_sub(news, olds)
+        self.numels = [float(o.numel()) for o in olds]
+        self.kind, self._host = kind, None
+        if kind == "relative":
+            torch._foreach_abs_(d)                          # |ΔW|
+            moved = torch._foreach_norm(d, 1, dtype=f64)
+            a = torch._foreach_abs(olds)
+            keep = torch._foreach_sign(a)                   # 1 where W_old != 0, else 0
+            den = torch._foreach_neg(keep)
+            torch._foreach_add_(den, 1.0)
+            torch._foreach_add_(den, a)                     # |W_old|, or 1 where W_old == 0
+            torch._foreach_mul_(d, keep)
+            torch._foreach_div_(d, den)
+            parts = [torch._foreach_norm(d, 1, dtype=f64), torch._foreach_norm(keep, 1, dtype=f64), moved]
+        elif kind == "absolute":
+            parts = [torch._foreach_norm(d, 1, dtype=f64)]
+        else:
+            torch._foreach_mul_(d, d)
+            parts = [torch._foreach_norm(d, 1, dtype=f64), torch._foreach_norm(torch._foreach_mul(olds, olds), 1,
+                                                                                dtype=f64)]
+        self._vals = torch.stack([t for part in parts for t in part])
+
+    def part(self, j: int) -> tuple:
+        """(total, count, moved) of piece ``j``, as host numbers."""
+        if self._host is None:
+            self._host, self._vals = self._vals.tolist(), None
+        k, h = len(self.numels), self._host
+        if self.kind == "relative":
+            return h[j], h[k + j], h[2 * k + j]
+        if self.kind == "absolute":
+            return h[j], self.numels[j], 0.0
+        return h[j], h[k + j], 0.0
 
 
 def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: bool) -> float:

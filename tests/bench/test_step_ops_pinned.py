@@ -21,9 +21,9 @@ CEILINGS = {
     ("cpu", "bert-tiny", "slimfit-full-state"): dict(forward=93, backward=148, optimizer=209, scheduler=29),
     ("cpu", "llama-tiny", "slimfit"): dict(forward=180, backward=142, optimizer=132, scheduler=29),
     ("cpu", "llama-tiny", "slimfit-full-state"): dict(forward=180, backward=142, optimizer=99, scheduler=29),
-    ("fake-cuda", "bert-tiny", "slimfit"): dict(optimizer=258, scheduler=12),
+    ("fake-cuda", "bert-tiny", "slimfit"): dict(optimizer=211, scheduler=12),
     ("fake-cuda", "bert-tiny", "slimfit-full-state"): dict(optimizer=80, scheduler=12),
-    ("fake-cuda", "llama-tiny", "slimfit"): dict(optimizer=148, scheduler=12),
+    ("fake-cuda", "llama-tiny", "slimfit"): dict(optimizer=101, scheduler=12),
     ("fake-cuda", "llama-tiny", "slimfit-full-state"): dict(optimizer=80, scheduler=12),
 }
 
