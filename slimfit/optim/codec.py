@@ -182,9 +182,11 @@ def zeros_entry(shape, dtype: torch.dtype, device, *, sqrt: bool, group_size: in
         return dynamic_code.zeros(shape, dtype, device, bool(sqrt), int(group_size), int(bits), bool(stochastic))
     numel = math.prod(int(s) for s in shape)
     groups = -(-numel // group_size)
+    # scales and offsets halves of one zero fill (two launches on a GPU for the entry, not three): they live
+    # and die together, as the entry's tensors do (torch.save keeps views of one dtype of a storage together)
+    scale_offset = torch.zeros(2, groups, dtype=torch.float32, device=device)
     return {"codes": torch.zeros(numel, dtype=torch.uint8, device=device),
-            "scale": torch.zeros(groups, dtype=torch.float32, device=device),
-            "offset": torch.zeros(groups, dtype=torch.float32, device=device),
+            "scale": scale_offset[0], "offset": scale_offset[1],
             "shape": tuple(int(s) for s in shape), "dtype": dtype, "group_size": int(group_size),
             "sqrt": bool(sqrt), "stochastic": bool(stochastic)}
 
