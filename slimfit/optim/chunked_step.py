@@ -45,7 +45,7 @@ import torch
 
 from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 
-from .held_step import is_held, new_held_state, report_pieces, step_held
+from .held_step import copies, counts_of, is_held, new_held_state, report_pieces, step_held
 from .keys import held_key
 from .moments import plain_tensor
 from .torch_adam import adam_step, lr_factors, scaled_group
@@ -145,30 +145,28 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
         return
     amsgrad = group["amsgrad"]
     watched = [observer is not None and observer.wants(p) for p in ps]
-    before = [s.clone() for s in steps]          # every piece of a parameter starts from its step count
-    last = list(before)
+    last: list = [None] * len(ps)   # every piece of a parameter starts from its step count, moved at the end
     for factor, batch in _factor_runs(ps, lr_factors(observer, ps), chunk_numel):
         views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
-        counts = [before[i].clone() for i, _, _ in batch]
-        olds = [v[0].clone() if watched[i] else None for (i, _, _), v in zip(batch, views)]
+        counts = counts_of([steps[i] for i, _, _ in batch])
+        seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
+        olds = dict(zip(seen, copies([views[j][0] for j in seen]))) if seen else {}
         args = ([v[0] for v in views], [v[1] for v in views], [v[2] for v in views], [v[3] for v in views],
                 [v[4] for v in views], counts)
         if rounding is None:
             adam_step(optimizer, scaled_group(group, factor), *args)
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
-                              [rounding.seed(ps[i], before[i], a) for i, a, _ in batch])
-        seen = []
-        for (i, a, _), v, old, count in zip(batch, views, olds, counts):
-            last[i] = count
-            if old is not None:
-                seen.append((ps[i], a, old, v[0]))
-        if seen:
-            report_pieces(observer, seen)
-        del views, olds, seen
-    for s, new in zip(steps, last):
-        s.copy_(new)
+                              [rounding.seed(ps[i], steps[i], a) for i, a, _ in batch])
+        for j, (i, _, _) in enumerate(batch):
+            last[i] = counts[j]
+        if olds:
+            report_pieces(observer, [(ps[batch[j][0]], batch[j][1], old, views[j][0]) for j, old in olds.items()])
+        del views, olds
+    moved = [(s, c) for s, c in zip(steps, last) if c is not None]
+    if moved:
+        torch._foreach_copy_([s for s, _ in moved], [c for _, c in moved])
     for p in ps:
         p.grad = None
 

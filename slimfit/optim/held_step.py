@@ -19,7 +19,7 @@ from .keys import Q8
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import adam_step_rounded
 
-__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces"]
+__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces", "copies", "counts_of"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
 _MAX = ("max_exp_avg_sq", True)
@@ -75,8 +75,9 @@ def _batches(params, states, factors, chunk_numel: int, first_key: str):
             yield factor, batch
 
 
-def _olds(pieces):
-    """Copies of the weight pieces (one op per dtype: a concatenation, split back into views)."""
+def copies(pieces) -> list:
+    """Copies of the weight pieces (the values before an update), one op per dtype and device: a
+    concatenation, split back into views."""
     out = [None] * len(pieces)
     by_dtype: dict = {}
     for j, t in enumerate(pieces):
@@ -85,6 +86,14 @@ def _olds(pieces):
         for j, t in zip(idx, torch.cat([pieces[j] for j in idx]).split([pieces[j].numel() for j in idx])):
             out[j] = t
     return out
+
+
+def counts_of(steps) -> list:
+    """A step count per piece, each starting from its parameter's count (``steps``, one per piece; torch's
+    step counts each up by one): one op for a call's pieces on one device, not a clone per piece."""
+    if len({s.device for s in steps}) == 1:
+        return list(torch.stack(steps).unbind())
+    return [s.clone() for s in steps]
 
 
 def report_pieces(observer, items) -> None:
@@ -123,8 +132,8 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
         pieces = [params[i].view(-1)[a:b] for i, a, b in batch]
         m = [codec.decode_ranges([(states[i][k + Q8], a, b) for i, a, b in batch]) for k, _ in moments]
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
-        olds = dict(zip(seen, _olds([pieces[j] for j in seen]))) if seen else {}
-        counts = list(torch.stack([steps[i] for i, _, _ in batch]).unbind())
+        olds = dict(zip(seen, copies([pieces[j] for j in seen]))) if seen else {}
+        counts = counts_of([steps[i] for i, _, _ in batch])
         args = (pieces, [params[i].grad.view(-1)[a:b] for i, a, b in batch], m[0], m[1], m[2] if len(m) > 2 else [],
                 counts)
         if rounding is None:
