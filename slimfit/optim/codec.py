@@ -234,26 +234,67 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
 # codes into the entries) runs as one multi-tensor op over all of them, so that a GPU launches it once
 # instead of once per piece. Each piece's values are those of decode_range / encode_range_ bit for bit.
 
+# At least this many whole-group ranges of linear entries alike are decoded by one dequantize over their
+# concatenated codes (three concatenations and one kernel, instead of one kernel per range).
+CONCAT_DECODE_MIN = 4
+
+
+def _concat_key(entry: dict, start: int, end: int):
+    """What ranges decoded together must share (None: decoded alone): a linear entry whose codes and scales
+    are as encode wrote them, and a range of whole groups."""
+    if _dynamic(entry) or (end - start) % int(entry["group_size"]):
+        return None
+    codes, scale, offset = entry["codes"], entry["scale"], entry["offset"]
+    if codes.dtype != torch.uint8 or scale.dtype != torch.float32 or offset.dtype != torch.float32:
+        return None
+    return int(entry["group_size"]), bool(entry["sqrt"]), bool(entry["stochastic"]), codes.device
+
+
+def _decode_together(ranges) -> list:
+    """The fp32 values of whole-group ranges of alike linear entries (floored, not squared, for a second
+    moment) as views of one dequantized buffer: the kernel's arithmetic is per element and group, so each
+    range's values are those it gets alone."""
+    entry = ranges[0][0]
+    gs = int(entry["group_size"])
+    codes = torch.cat([e["codes"].view(-1)[a:b] for e, a, b in ranges])
+    scale = torch.cat([e["scale"][a // gs:b // gs] for e, a, b in ranges])
+    offset = torch.cat([e["offset"][a // gs:b // gs] for e, a, b in ranges])
+    x = dequantize(QuantizedTensor(codes, scale, offset, (codes.numel(),), torch.float32, BITS, gs))
+    if entry["sqrt"]:
+        _floor_per_group_(x, rounding_loss(scale, bool(entry["stochastic"])), gs)
+    return list(x.split([b - a for _, a, b in ranges]))
+
+
 @torch.no_grad()
 def decode_ranges(ranges) -> list:
-    """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; the
-    linear second moments' squares taken by one multi-tensor op."""
-    out, squared = [], []
-    for entry, start, end in ranges:
-        if _dynamic(entry) or not entry["sqrt"]:
-            out.append(decode_range(entry, start, end))
-            continue
-        a, b = _group_range(entry, start, end)
-        codes = entry["codes"].view(-1)[start:end]
-        x = _floored(entry, codes, entry["scale"][a:b], entry["offset"][a:b], (end - start,), codes.device)
-        squared.append((len(out), x, entry["dtype"]))
-        out.append(x)
+    """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; whole-group
+    ranges of alike linear entries (CONCAT_DECODE_MIN or more) decoded by one kernel, the linear second
+    moments' squares taken by one multi-tensor op."""
+    ranges = list(ranges)
+    out: list = [None] * len(ranges)
+    keys = [_concat_key(*r) for r in ranges]
+    together: dict = {}
+    for j, key in enumerate(keys):
+        if key is not None:
+            together.setdefault(key, []).append(j)
+    for idx in together.values():
+        if len(idx) >= CONCAT_DECODE_MIN:
+            for j, x in zip(idx, _decode_together([ranges[j] for j in idx])):
+                out[j] = x
+    squared = []
+    for j, (entry, start, end) in enumerate(ranges):
+        if out[j] is None and (_dynamic(entry) or not entry["sqrt"]):
+            out[j] = decode_range(entry, start, end)
+        elif entry["sqrt"] and not _dynamic(entry):
+            if out[j] is None:
+                a, b = _group_range(entry, start, end)
+                codes = entry["codes"].view(-1)[start:end]
+                out[j] = _floored(entry, codes, entry["scale"][a:b], entry["offset"][a:b], (end - start,), codes.device)
+            squared.append(j)
     if squared:
-        xs = [x for _, x, _ in squared]
+        xs = [out[j] for j in squared]
         torch._foreach_mul_(xs, xs)   # x * x: square_'s arithmetic
-        for i, x, dtype in squared:
-            out[i] = x.to(dtype)
-    return out
+    return [x if x.dtype == entry["dtype"] else x.to(entry["dtype"]) for x, (entry, _, _) in zip(out, ranges)]
 
 
 @torch.no_grad()
