@@ -234,15 +234,15 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
 # codes into the entries) runs as one multi-tensor op over all of them, so that a GPU launches it once
 # instead of once per piece. Each piece's values are those of decode_range / encode_range_ bit for bit.
 
-# At least this many whole-group ranges of linear entries alike are decoded by one dequantize over their
-# concatenated codes (three concatenations and one kernel, instead of one kernel per range).
+# At least this many ranges of alike linear entries are decoded by one dequantize over their concatenated
+# codes (three concatenations and one kernel, instead of one kernel per range).
 CONCAT_DECODE_MIN = 4
 
 
 def _concat_key(entry: dict, start: int, end: int):
     """What ranges decoded together must share (None: decoded alone): a linear entry whose codes and scales
-    are as encode wrote them, and a range of whole groups."""
-    if _dynamic(entry) or (end - start) % int(entry["group_size"]):
+    are as encode wrote them."""
+    if _dynamic(entry):
         return None
     codes, scale, offset = entry["codes"], entry["scale"], entry["offset"]
     if codes.dtype != torch.uint8 or scale.dtype != torch.float32 or offset.dtype != torch.float32:
@@ -251,25 +251,36 @@ def _concat_key(entry: dict, start: int, end: int):
 
 
 def _decode_together(ranges) -> list:
-    """The fp32 values of whole-group ranges of alike linear entries (floored, not squared, for a second
-    moment) as views of one dequantized buffer: the kernel's arithmetic is per element and group, so each
-    range's values are those it gets alone."""
+    """The fp32 values of ranges of alike linear entries (floored, not squared, for a second moment) as views
+    of one dequantized buffer: a range whose last group is short (a tensor's end) is padded to a whole group
+    with zero codes, so every range's groups are its own; the kernel's arithmetic is per element and group,
+    so each range's values are those it gets alone."""
     entry = ranges[0][0]
     gs = int(entry["group_size"])
-    codes = torch.cat([e["codes"].view(-1)[a:b] for e, a, b in ranges])
-    scale = torch.cat([e["scale"][a // gs:b // gs] for e, a, b in ranges])
-    offset = torch.cat([e["offset"][a // gs:b // gs] for e, a, b in ranges])
+    sizes = [b - a for _, a, b in ranges]
+    pads = [-n % gs for n in sizes]
+    zero = entry["codes"].new_zeros(max(pads)) if any(pads) else None
+    parts = []
+    for (e, a, b), pad in zip(ranges, pads):
+        parts += [e["codes"].view(-1)[a:b]] + ([zero[:pad]] if pad else [])
+    codes = torch.cat(parts)
+    scale = torch.cat([e["scale"][a // gs:-(-b // gs)] for e, a, b in ranges])
+    offset = torch.cat([e["offset"][a // gs:-(-b // gs)] for e, a, b in ranges])
     x = dequantize(QuantizedTensor(codes, scale, offset, (codes.numel(),), torch.float32, BITS, gs))
     if entry["sqrt"]:
         _floor_per_group_(x, rounding_loss(scale, bool(entry["stochastic"])), gs)
-    return list(x.split([b - a for _, a, b in ranges]))
+    out, at = [], 0
+    for n, pad in zip(sizes, pads):
+        out.append(x[at:at + n])
+        at += n + pad
+    return out
 
 
 @torch.no_grad()
 def decode_ranges(ranges) -> list:
-    """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; whole-group
-    ranges of alike linear entries (CONCAT_DECODE_MIN or more) decoded by one kernel, the linear second
-    moments' squares taken by one multi-tensor op."""
+    """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; ranges of
+    alike linear entries (CONCAT_DECODE_MIN or more) decoded by one kernel, the linear second moments'
+    squares taken by one multi-tensor op."""
     ranges = list(ranges)
     out: list = [None] * len(ranges)
     keys = [_concat_key(*r) for r in ranges]

@@ -8,7 +8,7 @@ import torch
 from slimfit.optim import codec
 
 
-def _entries(dtype, sqrt, code, stochastic, sizes=(256, 384, 128, 512, 300)):
+def _entries(dtype, sqrt, code, stochastic, sizes=(256, 300, 384, 72, 128, 512, 200)):
     g = torch.Generator().manual_seed(0)
     out = []
     for i, n in enumerate(sizes):
@@ -19,7 +19,7 @@ def _entries(dtype, sqrt, code, stochastic, sizes=(256, 384, 128, 512, 300)):
 
 
 def _ranges(entries):
-    """Whole-group ranges (several per entry where it has them) and a last partial group."""
+    """Ranges of 128 (several per entry where it has them), some ending in a short group, in the middle too."""
     out = []
     for e in entries:
         n = e["shape"][0]
