@@ -66,24 +66,24 @@ FULL = [
     ("bert-base", 8, 256, None, dict(checkpointing=True)),
     ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7, checkpointing=True)),
     ("bert-base", 8, 128, None, dict(lora=8)), ("bert-base", 8, 256, None, dict(preset="paper", lora=8)),
-    ("bert-base", 8, 256, None, dict(dtype="bf16")),
-    ("bert-base", 4, 128, None, dict(preset="paper", rate=0.7, dtype="bf16")),
+    ("bert-base", 8, 256, None, dict(dtype="bf16-autocast")),
+    ("bert-base", 4, 128, None, dict(preset="paper", rate=0.7, dtype="bf16-autocast")),
     ("bert-base", 8, 256, None, dict(attn="eager")),
     ("bert-base", 8, 256, None, dict(preset="aggressive", lora=8, checkpointing=True)),
     ("vit-base", 2, None, 224, {}), ("vit-base", 4, None, 224, dict(preset="paper", rate=0.7)),
     ("vit-base", 4, None, 224, dict(preset="exact", checkpointing=True)), ("vit-base", 4, None, 224, dict(lora=8)),
-    ("vit-base", 2, None, 160, dict(preset="aggressive", rate=0.9, dtype="bf16")),
+    ("vit-base", 2, None, 160, dict(preset="aggressive", rate=0.9, dtype="bf16-autocast")),
     ("llama-small", 4, 256, None, {}), ("llama-small", 8, 512, None, dict(preset="paper", rate=0.7)),
     ("llama-small", 8, 512, None, dict(preset="aggressive", checkpointing=True)),
-    ("llama-small", 4, 1024, None, dict(dtype="bf16")), ("llama-small", 8, 256, None, dict(lora=8)),
+    ("llama-small", 4, 1024, None, dict(dtype="bf16-autocast")), ("llama-small", 8, 256, None, dict(lora=8)),
     ("llama-small", 4, 1024, None, dict(preset="exact", rate=0.5)),
-    ("llama-small", 8, 512, None, dict(preset="paper", lora=16, dtype="bf16")),
+    ("llama-small", 8, 512, None, dict(preset="paper", lora=16, dtype="bf16-autocast")),
     ("smollm2-135m", 1, 256, None, {}), ("smollm2-135m", 1, 512, None, dict(preset="paper", rate=0.7)),
     ("smollm2-135m", 1, 512, None, dict(checkpointing=True)), ("smollm2-135m", 1, 512, None, dict(lora=16)),
-    ("smollm2-135m", 1, 256, None, dict(preset="aggressive", rate=0.9, dtype="bf16")),
+    ("smollm2-135m", 1, 256, None, dict(preset="aggressive", rate=0.9, dtype="bf16-autocast")),
     ("smollm2-135m", 1, 384, None, dict(preset="exact", rate=0.5)),
     ("qwen", 1, 256, None, {}), ("qwen", 1, 256, None, dict(preset="paper", rate=0.7)),
-    ("qwen", 2, 256, None, dict(lora=8, dtype="bf16")),
+    ("qwen", 2, 256, None, dict(lora=8, dtype="bf16-autocast")),
     ("qwen", 1, 512, None, dict(preset="aggressive", rate=0.5, checkpointing=True)),
     # the scheduler's default ("auto"): every layer's AdamW state 8-bit under the chunked step
     ("bert-base", 8, 256, None, dict(preset="paper", rate=0.7, frozen_state="auto")),
@@ -97,7 +97,7 @@ FULL = [
 QUICK = [
     ("bert-tiny", 2, 32, None, {}), ("bert-tiny", 2, 32, None, dict(preset="paper", rate=0.5)),
     ("bert-tiny", 2, 32, None, dict(lora=4, checkpointing=True)),
-    ("llama-tiny", 2, 64, None, dict(preset="aggressive", dtype="bf16")),
+    ("llama-tiny", 2, 64, None, dict(preset="aggressive", dtype="bf16-autocast")),
 ]
 
 
@@ -248,9 +248,9 @@ def markdown(rows: list[dict], argv) -> str:
 TIME_FIT = [("bert-base", dict(batch=4, seq=128, layers=4), c) for c in (
     {}, dict(rate=0.9), dict(preset="paper"), dict(preset="paper", rate=0.7), dict(lora=8), dict(checkpointing=True),
     dict(preset="aggressive", lora=8), dict(preset="exact", rate=0.5),
-    dict(preset="paper", rate=0.7, checkpointing=True), dict(dtype="bf16"))]
+    dict(preset="paper", rate=0.7, checkpointing=True), dict(dtype="bf16-autocast"))]
 HELD_OUT = (dict(), dict(rate=0.9), dict(preset="paper", rate=0.7), dict(lora=8), dict(checkpointing=True),
-            dict(preset="aggressive"), dict(dtype="bf16"))
+            dict(preset="aggressive"), dict(dtype="bf16-autocast"))
 TIME_HELD_OUT = [(m, base, c) for m, base in (("llama-small", dict(batch=4, seq=512)),
                                               ("vit-base", dict(batch=2, image_size=224, layers=4)))
                  for c in HELD_OUT]

@@ -51,6 +51,11 @@ def _method_spec(method: str, rate: float) -> dict | None:
     return fields
 
 
+
+def _planned_dtype(measured: str) -> str:
+    """The StepSpec dtype of a measured GPU row: its "bf16" rows ran fp32 weights under bf16 autocast."""
+    return "bf16-autocast" if measured == "bf16" else measured
+
 def _cases() -> list[tuple[str, dict, dict]]:
     """(source, the measured row's columns, StepSpec keyword arguments) of every GPU row the plan models."""
     out = []
@@ -58,13 +63,13 @@ def _cases() -> list[tuple[str, dict, dict]]:
         arch, seq = E2E_MODELS.get(row["model"].split(",")[0], (None, None))
         fields = _method_spec(row["method"], 0.9)
         if arch and fields is not None and row.get("peak_mib"):
-            spec = dict(model=arch, batch=int(row["batch"]), seq=seq, dtype=row["dtype"], **fields)
+            spec = dict(model=arch, batch=int(row["batch"]), seq=seq, dtype=_planned_dtype(row["dtype"]), **fields)
             out.append(("e2e", {"model": row["model"], "measured": float(row["peak_mib"]), **row}, spec))
     for row in _results.read_rows(_results.results_path("frontier", "csv", "cuda")):
         arch, seq = FRONTIER_CASES.get(row["case"], (None, None))
         fields = _method_spec(row["method"], 0.7)
         if arch and fields is not None and row.get("step_peak_mib"):
-            spec = dict(model=arch, batch=int(row["batch"]), seq=seq, dtype=row["dtype"], **fields)
+            spec = dict(model=arch, batch=int(row["batch"]), seq=seq, dtype=_planned_dtype(row["dtype"]), **fields)
             out.append(("frontier", {"measured": float(row["step_peak_mib"]), **row}, spec))
     return out
 
