@@ -41,13 +41,15 @@ def set_frozen(model, names) -> None:
 
 
 def autocast_context(dtype: str, device="cpu"):
+    """The autocast of a measured step: none for "fp32", bf16 autocast for "bf16" (the memory command's
+    meaning) and "bf16-autocast" (StepSpec's name for it)."""
     import torch
 
     if dtype == "fp32":
         return contextlib.nullcontext()
-    if dtype == "bf16":
+    if dtype in ("bf16", "bf16-autocast"):
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-    raise ValueError(f"dtype must be fp32 or bf16, got {dtype!r}")
+    raise ValueError(f"dtype must be fp32, bf16 or bf16-autocast, got {dtype!r}")
 
 
 def saved_of_step(model, inputs: dict, *, dtype: str = "fp32", seed: int = 0, name: str = ""):
