@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 
-from .scores import BlockSums
+from .scores import BlockSums, add_host_together
 
 __all__ = ["InStepScores"]
 
@@ -69,8 +69,9 @@ class InStepScores:
 
     def pieces(self, items) -> None:
         """``piece(p, start, old, new)`` of each item, in order: the pieces on a device summed together
-        (BlockSums.add_together: a few multi-tensor ops for all, one host read when the scores are taken)."""
-        on_device = []
+        (BlockSums.add_together: a few multi-tensor ops for all, one host read when the scores are taken), the
+        small ones on the host too (add_host_together, the same sums as one at a time)."""
+        on_device, on_host = [], []
         for p, _, old, new in items:
             sched, i = self._layer(p)
             if i is None:
@@ -78,10 +79,9 @@ class InStepScores:
             sums = sched._sums.get(i)
             if sums is None:
                 sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
-            if sums.host:
-                sums.add(old, new)
-            else:
-                on_device.append((sums, old, new))
+            (on_host if sums.host else on_device).append((sums, old, new))
+        if on_host:
+            add_host_together(on_host)
         if on_device:
             BlockSums.add_together(on_device)
 

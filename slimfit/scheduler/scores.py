@@ -37,8 +37,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["SCORES", "BlockSums", "compute_scores", "relative_scores", "relative_scores_masked", "robust_scores",
-           "absolute_scores", "relative_scores_naive", "robust_scores_naive", "absolute_scores_naive"]
+__all__ = ["SCORES", "BlockSums", "add_host_together", "compute_scores", "relative_scores",
+           "relative_scores_masked", "robust_scores", "absolute_scores", "relative_scores_naive",
+           "robust_scores_naive", "absolute_scores_naive"]
 
 SCORES = ("relative", "robust", "absolute")
 
@@ -343,6 +344,18 @@ class BlockSums:
             self.total += float(d.norm()) ** 2
             self.count += float(o.norm()) ** 2
 
+    def _add_block_sums(self, sums: list, o: torch.Tensor, w: torch.Tensor) -> None:
+        """One block's reductions (add_host_together) added as add_block adds them."""
+        if self.kind == "robust":
+            self.total += sums[0] ** 2
+            self.count += sums[1] ** 2
+        elif self.kind == "absolute" or math.isfinite(sums[0]):
+            self.total += sums[0]
+            self.count += o.numel()
+        else:  # zeros in W_old: redo this block zero-aware
+            o, w = o.detach().reshape(-1), w.detach().reshape(-1)
+            self._zero_aware(o.to(self.acc), w.to(self.acc))
+
     def _zero_aware(self, o: torch.Tensor, w: torch.Tensor) -> None:
         """One block of the relative score with zeros in W_old (already in the accumulation dtype): entries
         with W_old == 0 left out, the block's movement kept apart."""
@@ -389,6 +402,37 @@ class BlockSums:
         if count > 0:
             return math.sqrt(total) / math.sqrt(count)
         return math.inf if total > 0 else 0.0
+
+
+def add_host_together(items) -> None:
+    """``sums.add(old, new)`` of each (sums, old, new) in ``items`` with host sums, in order, the same sums:
+    pieces of one block at most (small parameters) are reduced together by multi-tensor ops (a few ops and
+    one host read for all of them; each piece's block sum is the same reduction as alone, and every layer's
+    sums are added in its pieces' order)."""
+    small = [j for j, (_, o, _) in enumerate(items) if 0 < o.numel() <= BLOCK_NUMEL and not _is_fake(o)]
+    sums = dict(zip(small, _block_sums_together([items[j] for j in small]))) if len(small) > 1 else {}
+    for j, (sm, o, w) in enumerate(items):
+        if j in sums:
+            sm._add_block_sums(sums[j], o, w)
+        else:
+            sm.add(o, w)
+
+
+def _block_sums_together(items) -> list:
+    """Per (sums, old, new), its one block's reductions as add_block takes them: [|Δ/W_old|_1] (relative),
+    [|Δ|_1] (absolute) or [|Δ|_2, |W_old|_2] (robust), host numbers."""
+    kind = items[0][0].kind
+    olds = [o.detach().reshape(-1).to(sm.acc) for sm, o, _ in items]
+    d = torch._foreach_sub([w.detach().reshape(-1).to(sm.acc) for sm, _, w in items], olds)
+    if kind == "relative":
+        torch._foreach_div_(d, olds)
+    if kind == "robust":
+        norms = list(torch._foreach_norm(d, 2)) + list(torch._foreach_norm(olds, 2))
+    else:
+        norms = list(torch._foreach_norm(d, 1, dtype=torch.float64))
+    vals = torch.stack([t.to(torch.float64) for t in norms]).tolist()
+    k = len(items)
+    return [[vals[j], vals[k + j]] if kind == "robust" else [vals[j]] for j in range(k)]
 
 
 class DeviceBatch:
