@@ -55,11 +55,13 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
 def _batches(params, states, factors, chunk_numel: int, first_key: str):
     """Batches of pieces (param index, start, end): each piece starts at a multiple of its entries' group
     size, and consecutive pieces of parameters with the same learning-rate factor and step-count device are
-    packed into one batch of at most about ``chunk_numel`` elements (one piece may fill it)."""
+    packed into one batch of at most about ``chunk_numel`` elements (one piece may fill it). A batch holds
+    parameters of one kind (tensor class, device, dtype), as one multi-tensor call of torch's step takes them:
+    the planner's fake parameters and real ones never share a call."""
     runs: dict = {}
-    for i in range(len(params)):
-        runs.setdefault((factors[i], states[i]["step"].device), []).append(i)
-    for (factor, _), idx in runs.items():
+    for i, p in enumerate(params):
+        runs.setdefault((factors[i], states[i]["step"].device, type(p), p.device, p.dtype), []).append(i)
+    for (factor, *_), idx in runs.items():
         batch, size = [], 0
         for i in idx:
             n = params[i].numel()
@@ -91,8 +93,10 @@ def copies(pieces) -> list:
 def counts_of(steps) -> list:
     """A step count per piece, each starting from its parameter's count (``steps``, one per piece; torch's
     step counts each up by one): one op for a call's pieces on one device, not a clone per piece."""
-    if len({s.device for s in steps}) == 1:
-        return list(torch.stack(steps).unbind())
+    if len({(type(s), s.device) for s in steps}) == 1:
+        # new tensors, not views of one stack: torch's step adds to each in place, which the planner's fake
+        # tensors refuse for views made under no_grad
+        return list(torch._foreach_add(steps, 0))
     return [s.clone() for s in steps]
 
 
