@@ -55,12 +55,15 @@ def _aligned(chunk_numel: int, group_size: int) -> int:
 def _batches(params, states, factors, chunk_numel: int, first_key: str):
     """Batches of pieces (param index, start, end): each piece starts at a multiple of its entries' group
     size, and consecutive pieces of parameters with the same learning-rate factor and step-count device are
-    packed into one batch of at most about ``chunk_numel`` elements (one piece may fill it). A batch holds
+    packed into one batch of at most the largest piece's elements (one piece may fill it). A batch holds
     parameters of one kind (tensor class, device, dtype), as one multi-tensor call of torch's step takes them:
     the planner's fake parameters and real ones never share a call."""
     runs: dict = {}
     for i, p in enumerate(params):
         runs.setdefault((factors[i], states[i]["step"].device, type(p), p.device, p.dtype), []).append(i)
+    # a call is at most the largest piece: its temporaries are no larger than one piece's alone
+    limit = min(chunk_numel, max((min(p.numel(), _aligned(chunk_numel, int(st[first_key]["group_size"])))
+                                  for p, st in zip(params, states)), default=chunk_numel))
     for (factor, *_), idx in runs.items():
         batch, size = [], 0
         for i in idx:
@@ -68,7 +71,7 @@ def _batches(params, states, factors, chunk_numel: int, first_key: str):
             chunk = _aligned(chunk_numel, int(states[i][first_key]["group_size"]))
             for a in range(0, n, chunk):
                 b = min(n, a + chunk)
-                if batch and size + b - a > chunk_numel:
+                if batch and size + b - a > limit:
                     yield factor, batch
                     batch, size = [], 0
                 batch.append((i, a, b))
