@@ -50,8 +50,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     without either, frozen_state=None (said explicitly)
   ...+dyn8 / +dyn4  scheduler option state_code="dynamic8" / "dynamic4" (held moments in block-wise dynamic
                     codes, stochastic rounding); without: "linear8" (per-group min/max), said explicitly.
-                    Committed rows named +dyn8nearest / +dyn4nearest ran with the dynamic code rounding to
-                    nearest (a label of those rows only; the code rounds stochastically)
+  ...+dyn8nearest / +dyn4nearest  state_code="dynamic8-nearest" / "dynamic4-nearest" (the same codes
+                    rounded to nearest)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
@@ -207,8 +207,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["min_train_share"] = "even"
         elif suffix in ("scale", "sqrtscale"):
             options["update_scale"] = "share" if suffix == "scale" else "sqrt_share"
-        elif suffix in ("dyn8", "dyn4"):
-            options["state_code"] = "dynamic" + suffix[3:]
+        elif suffix in ("dyn8", "dyn4", "dyn8nearest", "dyn4nearest"):
+            options["state_code"] = "dynamic" + suffix[3] + ("-nearest" if suffix.endswith("nearest") else "")
         elif suffix.startswith("min") and suffix[3:].isdigit():
             options["min_train_share"] = int(suffix[3:]) / 100
         else:

@@ -31,8 +31,8 @@ from typing import Optional
 import torch
 
 __all__ = ["OPTIMIZER_STATES", "DEFAULT_OPTIMIZER_STATE", "FROZEN_STATE_NAMES", "FROZEN_STATES", "STEP_KINDS",
-           "HOLDERS", "STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL", "from_frozen_state", "to_frozen_state",
-           "resolve_state_mode", "holds_any", "unwrap_optimizer"]
+           "HOLDERS", "STATE_CODES", "NEAREST_STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL", "from_frozen_state",
+           "to_frozen_state", "resolve_state_mode", "holds_any", "unwrap_optimizer"]
 
 OPTIMIZER_STATES = ("auto", "8bit", "8bit-frozen", "host-frozen", "full")
 DEFAULT_OPTIMIZER_STATE = "auto"
@@ -50,8 +50,11 @@ STEP_KINDS = ("every", "frozen", "none")
 HOLDERS = {"8bit": ("compress", True), "8bit-frozen": ("compress", False), "host-frozen": ("offload", False)}
 # SchedulerConfig.state_code -> (codec code, bits) of a held moment: "linear8" (per-group min/max, stochastic
 # rounding), "dynamic8" / "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a
-# zero-free map for a second).
-STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4)}
+# zero-free map for a second), stochastic rounding; "dynamic8-nearest" / "dynamic4-nearest" the same codes
+# rounded to nearest (NEAREST_STATE_CODES), which hold a moment that changes by less than half a level per step.
+STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4),
+               "dynamic8-nearest": ("dynamic", 8), "dynamic4-nearest": ("dynamic", 4)}
+NEAREST_STATE_CODES = frozenset({"dynamic8-nearest", "dynamic4-nearest"})
 # SchedulerConfig.step_chunk_numel's default: elements per call of the chunked optimizer step
 # (slimfit.optim.ChunkedStep); 2**20 is 4 MiB per fp32 temporary and a multiple of the score's block.
 DEFAULT_STEP_CHUNK_NUMEL = 1 << 20

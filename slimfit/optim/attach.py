@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from slimfit._optimizer_state import HOLDERS, STATE_CODES, resolve_state_mode, unwrap_optimizer
+from slimfit._optimizer_state import HOLDERS, NEAREST_STATE_CODES, STATE_CODES, resolve_state_mode, unwrap_optimizer
 
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .frozen_state import FrozenState, attach_frozen_state
@@ -69,4 +69,5 @@ def _holder(scheduler, optimizer, step: Optional[ChunkedStep]) -> Optional[Froze
     held, between_steps = HOLDERS[mode]
     code, bits = STATE_CODES[config.state_code]
     return attach_frozen_state(scheduler, optimizer, mode=held, seed=scheduler.run_seed % 2**62,
-                               between_steps=between_steps, code=code, bits=bits)
+                               between_steps=between_steps, code=code, bits=bits,
+                               stochastic=config.state_code not in NEAREST_STATE_CODES)

@@ -326,8 +326,9 @@ class SchedulerConfig(ConfigBase):
                        per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
                        dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the
                        second), stochastic rounding from the codec's seed (a moment re-encoded at every step
-                       follows a change smaller than a level); the default by the accuracy protocols
-                       (docs/fidelity.md).
+                       follows a change smaller than a level); "dynamic8-nearest" / "dynamic4-nearest" the
+                       same codes rounded to nearest (they hold a slowly changing moment in place); the
+                       default by the accuracy protocols (docs/fidelity.md).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).

@@ -125,3 +125,21 @@ def test_held_step_with_dynamic8_follows_a_decaying_second_moment():
     exact = 1e-4 * 0.999**500
     assert abs(run(True, 500) - exact) < 0.1 * exact
     assert abs(run(False, 100) - 1e-4) < 1e-7
+
+
+def test_the_nearest_state_codes_hold_their_moments_rounded_to_nearest():
+    """state_code="dynamic8-nearest" reaches FrozenState as the dynamic code with stochastic=False, and
+    "dynamic8" with stochastic rounding: the scheduler's choice is the codec's rounding."""
+    import torch
+    from torch import nn
+
+    from slimfit.scheduler import ILSScheduler
+
+    for state_code, stochastic in (("dynamic8-nearest", False), ("dynamic8", True), ("linear8", True)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, state_code=state_code)
+        holder = sched.state_holder
+        assert holder is not None and holder.stochastic is stochastic, state_code
+        sched.close()
