@@ -71,6 +71,7 @@ import torch
 import slimfit
 from bench import _results
 from bench.op_count import OpCounter
+from bench.op_count import _parse_ops as _parse_detail
 from slimfit import architectures as archs
 from slimfit.config import SlimFitConfig
 
@@ -366,14 +367,6 @@ def _plain_of(rows: list[Row]) -> dict:
 
 def _detail(c) -> str:
     return "" if c is None else " ".join(f"{k}:{v}" for k, v in sorted(c.items()))
-
-
-def _parse_detail(s: str) -> collections.Counter:
-    out: collections.Counter = collections.Counter()
-    for item in s.split():
-        k, _, v = item.rpartition(":")
-        out[k] += int(v)
-    return out
 
 
 CSV_FIELDS = ["commit", "device", "model", "batch", "seq", "row", *PHASES, "total", "ratio_total", "ratio_fwd_bwd",
