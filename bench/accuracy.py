@@ -52,7 +52,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     codes, stochastic rounding); without: "linear8" (per-group min/max), said explicitly.
   ...+dyn8nearest / +dyn4nearest  state_code="dynamic8-nearest" / "dynamic4-nearest" (the same codes
                     rounded to nearest)
-  ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0)
+  ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0; over 100 allowed)
+  ...+fromNN        scheduler option warmup_start_rate = NN/100 (the ramp of +warmNN starts at that rate)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
   ...+even          scheduler option min_train_share="even" (every layer trains equally often: round robin;
                     at rate 0.7 nearly the schedule of +min30); without +even / +minNN: SlimFit's own schedule
@@ -174,7 +175,7 @@ KIND_SUFFIXES = {"norms": ("norm",), "embs": ("embedding",), "all": ("norm", "em
 
 # What a spec's scheduler holds unless it says otherwise: the optimizer state as AdamW made it (+q8 / +q8all /
 # +offload), updates not stretched (+scale), held moments coded linearly (+dyn8 / +dyn4).
-SPEC_DEFAULTS = {"frozen_state": None, "update_scale": "none", "state_code": "linear8"}
+SPEC_DEFAULTS = {"frozen_state": None, "update_scale": "none", "state_code": "linear8", "warmup_steps": 0}
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
@@ -203,6 +204,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["score"] = "absolute" if suffix == "abs" else "robust"
         elif suffix.startswith("warm") and suffix[4:].isdigit():
             options["warmup_share"] = int(suffix[4:]) / 100
+        elif suffix.startswith("from") and suffix[4:].isdigit():
+            options["warmup_start_rate"] = int(suffix[4:]) / 100
         elif suffix == "even":
             options["min_train_share"] = "even"
         elif suffix in ("scale", "sqrtscale"):

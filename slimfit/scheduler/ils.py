@@ -699,7 +699,8 @@ class ILSScheduler:
         """The freeze rate in force for the next step (below freeze_rate during the experimental warm-up)."""
         warmup = self.config.experimental.warmup_steps
         if warmup and self._step < warmup:
-            return self.freeze_rate * self._step / warmup
+            start = min(self.config.experimental.warmup_start_rate, self.freeze_rate)
+            return start + (self.freeze_rate - start) * self._step / warmup
         return self.freeze_rate
 
     # ------------------------------------------------------------------ internals

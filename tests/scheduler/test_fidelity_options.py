@@ -99,6 +99,20 @@ def test_warmup_ramps_the_rate():
     assert counts == [0, 2, 5, 7, 9, 9]
 
 
+def test_warmup_ramps_from_its_start_rate():
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])
+    sched = ILSScheduler(model, 0.9, warmup_steps=4, warmup_start_rate=0.5)
+    counts = []
+    for _ in range(6):
+        counts.append(sched.num_frozen)
+        sched.step()
+    # rate 0.5, 0.6, 0.7, 0.8, then 0.9 of 10 layers
+    assert counts == [5, 6, 7, 8, 9, 9]
+    high = ILSScheduler(nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)]), 0.3, warmup_steps=4,
+                        warmup_start_rate=0.8)
+    assert high.current_rate() == 0.3   # a start above freeze_rate is freeze_rate: no ramp down
+
+
 def _train_counts(rate, min_share, layers=10, steps=40):
     """Steps each of `layers` equal layers trained in, when layer i always scores higher than layer i-1,
     and the scheduler (built with `min_share`) after the last step."""

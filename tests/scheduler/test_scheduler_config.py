@@ -52,13 +52,14 @@ BAD_OPTIONS = [
     (dict(update_scale="shar"), "update_scale", "did you mean 'share'"),
     (dict(warmup_steps=2.0), "warmup_steps", "int >= 0"),
     (dict(warmup_steps=True), "warmup_steps", "bool, not a number"),
+    (dict(warmup_start_rate=1.0), "warmup_start_rate", r"in \[0, 1\)"),
     (dict(process_group=object(), distributed=False), "process_group", "distributed=False"),
 ]
 
 
 @pytest.mark.parametrize("options,name,fix", BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
 def test_a_bad_option_is_named_with_its_fix(options, name, fix):
-    owner = r"ExperimentalOptions" if name in ("frozen_update", "warmup_steps") else "SchedulerConfig"
+    owner = r"ExperimentalOptions" if name in ("frozen_update", "warmup_steps", "warmup_start_rate") else "SchedulerConfig"
     pattern = rf"{owner}\.{name} must be .*{fix}"
     with pytest.raises(ValueError, match=pattern):
         ILSScheduler(MLP(), **options)
