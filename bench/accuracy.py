@@ -178,6 +178,18 @@ KIND_SUFFIXES = {"norms": ("norm",), "embs": ("embedding",), "all": ("norm", "em
 SPEC_DEFAULTS = {"frozen_state": None, "update_scale": "none", "state_code": "linear8", "warmup_steps": 0}
 
 
+# +<prefix>NN options: NN / 100 of the scheduler option (warmup_share: of --steps, as warmup_steps).
+PERCENT_OPTIONS = {"warm": "warmup_share", "from": "warmup_start_rate", "min": "min_train_share"}
+
+
+def _percent_option(suffix: str) -> dict:
+    """{option: NN / 100} for a +<prefix>NN suffix of PERCENT_OPTIONS, else {}."""
+    for prefix, option in PERCENT_OPTIONS.items():
+        if suffix.startswith(prefix) and suffix[len(prefix):].isdigit():
+            return {option: int(suffix[len(prefix):]) / 100}
+    return {}
+
+
 def parse_spec(spec: str) -> tuple[str, float | None, dict]:
     """'paper@0.9+head+mom+warm10+min5' -> ('paper', 0.9, {options}). Options of the scheduled
     methods: +head (task head trains every step), +mom (frozen_update="momentum"), +warmNN
@@ -202,18 +214,14 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["frozen_state"] = {"q8": "compress", "offload": "offload", "q8all": "compress_all"}[suffix]
         elif suffix in ("abs", "robust"):
             options["score"] = "absolute" if suffix == "abs" else "robust"
-        elif suffix.startswith("warm") and suffix[4:].isdigit():
-            options["warmup_share"] = int(suffix[4:]) / 100
-        elif suffix.startswith("from") and suffix[4:].isdigit():
-            options["warmup_start_rate"] = int(suffix[4:]) / 100
+        elif _percent_option(suffix):
+            options.update(_percent_option(suffix))
         elif suffix == "even":
             options["min_train_share"] = "even"
         elif suffix in ("scale", "sqrtscale"):
             options["update_scale"] = "share" if suffix == "scale" else "sqrt_share"
         elif suffix in ("dyn8", "dyn4", "dyn8nearest", "dyn4nearest"):
             options["state_code"] = "dynamic" + suffix[3] + ("-nearest" if suffix.endswith("nearest") else "")
-        elif suffix.startswith("min") and suffix[3:].isdigit():
-            options["min_train_share"] = int(suffix[3:]) / 100
         else:
             raise SystemExit(f"{spec!r}: unknown option +{suffix} (see the docstring of bench/accuracy.py)")
     extra = options.pop("kinds", set())

@@ -19,10 +19,14 @@ _config_base.py rather than in slimfit/optim/ because importing any module of th
                  time inside the step); an error where the step cannot hold them
   "8bit-frozen"  the frozen layers' moments 8-bit while they are frozen
   "host-frozen"  the frozen layers' moments in host memory while they are frozen (lossless)
+  "host"         every layer's moments in host memory, the trained ones too: each copied to the device for its
+                 own step inside backward and back right after it (lossless; step_in_backward only): at most
+                 one parameter's state on the device, as a paged optimizer under pressure
   "full"         the state as the optimizer made it
 
 The older name ``frozen_state`` is read everywhere (keyword, saved configs, the planner, ``--frozen-state``):
-its values "auto", "compress_all", "compress", "offload" and None are FROZEN_STATE_NAMES' keys.
+its values "auto", "compress_all", "compress", "offload" and None are FROZEN_STATE_NAMES' keys ("offload_all",
+"host"'s, names it in that vocabulary, which the planner and ``frozen_state_mode`` report in).
 """
 from __future__ import annotations
 
@@ -34,11 +38,11 @@ __all__ = ["OPTIMIZER_STATES", "DEFAULT_OPTIMIZER_STATE", "FROZEN_STATE_NAMES", 
            "HOLDERS", "STATE_CODES", "NEAREST_STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL", "from_frozen_state",
            "to_frozen_state", "resolve_state_mode", "holds_any", "unwrap_optimizer"]
 
-OPTIMIZER_STATES = ("auto", "8bit", "8bit-frozen", "host-frozen", "full")
+OPTIMIZER_STATES = ("auto", "8bit", "8bit-frozen", "host-frozen", "host", "full")
 DEFAULT_OPTIMIZER_STATE = "auto"
 # frozen_state's values -> optimizer_state's
 FROZEN_STATE_NAMES = {"auto": "auto", "compress_all": "8bit", "compress": "8bit-frozen", "offload": "host-frozen",
-                      None: "full"}
+                      "offload_all": "host", None: "full"}
 FROZEN_STATES = tuple(FROZEN_STATE_NAMES)
 _TO_FROZEN_STATE = {new: old for old, new in FROZEN_STATE_NAMES.items()}
 # What the optimizer's step can hold, the one fact "auto" depends on:
@@ -47,7 +51,8 @@ _TO_FROZEN_STATE = {new: old for old, new in FROZEN_STATE_NAMES.items()}
 #   "none"    none (an optimizer whose state is not plain tensors, such as torchao's AdamW8bit)
 STEP_KINDS = ("every", "frozen", "none")
 # A resolved mode -> FrozenState's (mode, between_steps)
-HOLDERS = {"8bit": ("compress", True), "8bit-frozen": ("compress", False), "host-frozen": ("offload", False)}
+HOLDERS = {"8bit": ("compress", True), "8bit-frozen": ("compress", False), "host-frozen": ("offload", False),
+           "host": ("offload", True)}
 # SchedulerConfig.state_code -> (codec code, bits) of a held moment: "linear8" (per-group min/max, stochastic
 # rounding), "dynamic8" / "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a
 # zero-free map for a second), stochastic rounding; "dynamic8-nearest" / "dynamic4-nearest" the same codes

@@ -38,7 +38,7 @@ import sys
 from typing import Callable
 
 from . import models, runs
-from .plan.spec import PRESETS
+from .plan.spec import OPTIMIZER_STATES, PRESETS
 from .units import format_bytes, parse_bytes
 
 __all__ = ["MEMORY", "PLAN", "COMMANDS", "Command", "SHARED_FLAGS", "PRESETS", "DEFAULT_FREEZE_RATE",
@@ -318,14 +318,20 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adamw (torch) or adamw8bit (torchao, when installed)")
     parser.add_argument("--task", choices=[models.TEXT_CLS, models.CAUSAL_LM, models.IMAGE_CLS], default=None,
                         help="override the task the config implies")
-    parser.add_argument("--optimizer-state", choices=["auto", "8bit", "8bit-frozen", "host-frozen", "full"],
-                        default=None,
+    parser.add_argument("--optimizer-state", choices=list(OPTIMIZER_STATES), default=None,
                         help="with a freeze rate, how AdamW's moments are held (ILSScheduler's optimizer_state): "
                              "every layer's 8-bit (8bit), the frozen layers' 8-bit (8bit-frozen), the frozen "
-                             "layers' in host memory (host-frozen; saves only on a GPU), or in full (full); auto "
-                             "(the scheduler's default) is 8bit with adamw, nothing held with adamw8bit")
-    parser.add_argument("--frozen-state", choices=["auto", "none", "compress", "offload", "compress_all"],
-                        default=None, help=argparse.SUPPRESS)   # --optimizer-state's older name and values
+                             "layers' in host memory (host-frozen; saves only on a GPU), every layer's in host "
+                             "memory (host; with --step-in-backward), or in full (full); auto (the scheduler's "
+                             "default) is 8bit with adamw, nothing held with adamw8bit")
+    parser.add_argument("--step-in-backward", action="store_true",
+                        help="the optimizer stepped inside backward, each gradient freed after its step "
+                             "(slimfit.optim.step_in_backward)")
+    parser.add_argument("--chunked-loss", action="store_true",
+                        help="a causal LM's loss chunked (no logits kept) without a preset too; the presets do it")
+    # --optimizer-state's older name and values
+    parser.add_argument("--frozen-state", default=None, help=argparse.SUPPRESS,
+                        choices=["auto", "none", "compress", "offload", "compress_all", "offload_all"])
     parser.add_argument("--fit", default=None, metavar="BUDGET",
                         help="search presets, rates, optimizer-state options, LoRA and checkpointing at this batch "
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
@@ -352,8 +358,8 @@ def _spec(args, **changes):
     values = dict(batch=args.batch, seq=args.seq_len, image_size=args.image_size, dtype=args.dtype,
                   optimizer=args.optimizer, preset=args.preset, rate=freeze_rate_of(args), lora=args.lora,
                   checkpointing=args.checkpointing, attn=args.attn_implementation, device=args.device,
-                  task=args.task, seed=args.seed,
-                  optimizer_state=_optimizer_state(args))
+                  task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
+                  chunked_loss=args.chunked_loss, optimizer_state=_optimizer_state(args))
     values.update(changes)
     return StepSpec(args.model, **values)
 

@@ -67,6 +67,11 @@ def _holder(scheduler, optimizer, step: Optional[ChunkedStep]) -> Optional[Froze
     if mode is None:
         return None
     held, between_steps = HOLDERS[mode]
+    if mode == "host" and not hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook"):
+        raise ValueError("optimizer_state='host' holds every layer's moments in host memory, each copied to the "
+                         "device for its own step inside backward: build the optimizer with "
+                         "slimfit.optim.step_in_backward(model, torch.optim.AdamW, ...), or choose 'host-frozen' "
+                         "(the frozen layers' moments on the host) for this optimizer")
     code, bits = STATE_CODES[config.state_code]
     return attach_frozen_state(scheduler, optimizer, mode=held, seed=scheduler.run_seed % 2**62,
                                between_steps=between_steps, code=code, bits=bits,

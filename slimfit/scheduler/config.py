@@ -319,16 +319,18 @@ class SchedulerConfig(ConfigBase):
                        layer's moments 8-bit, the trained ones too: updated a piece at a time inside the chunked
                        step, or between their own steps with step_in_backward; an 8-bit AdamW), "8bit-frozen"
                        (the frozen layers' moments 8-bit while frozen: 3.76x fewer bytes, lossy), "host-frozen"
-                       (the frozen layers' moments in host memory while frozen; on a GPU, lossless) or "full"
-                       (as the optimizer made it) (docs/optim.md).
+                       (the frozen layers' moments in host memory while frozen; on a GPU, lossless), "host"
+                       (every layer's moments in host memory, each copied to the device for its own step inside
+                       backward: step_in_backward only; lossless) or "full" (as the optimizer made it)
+                       (docs/optim.md).
                        "auto" (the default): "8bit" where the optimizer's step can hold every state (a torch
                        Adam/AdamW under the chunked step, or step_in_backward), else "8bit-frozen"; "full" under
                        experimental frozen_update="momentum"; chosen by the accuracy protocols
                        (docs/fidelity.md). One rule, shared with slimfit.optim and the planner:
                        slimfit/_optimizer_state.py's resolve_state_mode (``state_mode()``).
                        ``frozen_state=`` (keyword, saved configs) is its older name, read as it: "auto",
-                       "compress_all" ("8bit"), "compress" ("8bit-frozen"), "offload" ("host-frozen"), None
-                       ("full"); the attribute ``frozen_state`` gives optimizer_state in those names.
+                       "compress_all" ("8bit"), "compress" ("8bit-frozen"), "offload" ("host-frozen"), "offload_all"
+                       ("host"), None ("full"); the attribute ``frozen_state`` gives optimizer_state in those names.
     state_code         how optimizer_state="8bit-frozen" / "8bit" code a moment: "linear8" (the default: 8-bit
                        per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
                        dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the

@@ -27,10 +27,12 @@ def test_quick_run_prints_the_comparison(capsys):
 
 def test_method_specs():
     assert decoder_accuracy._method("full") == (None, 0.0, {})
-    unnamed = {"update_scale": "none", "state_code": "linear8"}     # bench.accuracy.SPEC_DEFAULTS
+    unnamed = {"update_scale": "none", "state_code": "linear8", "warmup_steps": 0}   # bench.accuracy.SPEC_DEFAULTS
     assert decoder_accuracy._method("paper@0.9+q8") == ("paper", 0.9, {"frozen_state": "compress", **unnamed})
     assert decoder_accuracy._method("paper@0.7+q8all+scale+dyn8") == (
-        "paper", 0.7, {"frozen_state": "compress_all", "update_scale": "share", "state_code": "dynamic8"})
+        "paper", 0.7, {"frozen_state": "compress_all", "update_scale": "share", "state_code": "dynamic8",
+                       "warmup_steps": 0})
+    assert decoder_accuracy._method("paper@0.7+warm250+from35")[2]["warmup_start_rate"] == 0.35
 
 
 def test_fortunes_quick_run_scores_zero_shot_and_records_train_losses(fortune_dir, capsys, monkeypatch):

@@ -92,7 +92,7 @@ def test_the_config_resolves_as_the_one_rule(step, momentum):
 def test_the_rule():
     assert [resolve_state_mode("auto", s) for s in STEP_KINDS] == ["8bit", "8bit-frozen", None]
     assert resolve_state_mode("auto", "every", momentum=True) is None
-    for value in ("8bit", "8bit-frozen", "host-frozen"):
+    for value in ("8bit", "8bit-frozen", "host-frozen", "host"):
         assert all(resolve_state_mode(value, s) == value for s in STEP_KINDS)   # named: as it is
     assert resolve_state_mode("full") is None and resolve_state_mode(None) is None
     assert resolve_state_mode("compress_all") == "8bit" and resolve_state_mode("offload") == "host-frozen"
@@ -106,10 +106,13 @@ def test_the_planner_resolves_as_the_one_rule(optimizer, step):
         expected = resolve_state_mode(value, step)
         if optimizer == "adamw8bit" and expected is not None:
             continue   # a named mode is refused with torchao's optimizer (test_frozen_state_plan.py)
-        spec = StepSpec("bert-tiny", batch=2, seq=16, rate=0.5, optimizer=optimizer, **{name: value})
+        in_backward = expected == "host"   # every state on the host needs the step in backward
+        spec = StepSpec("bert-tiny", batch=2, seq=16, rate=0.5, optimizer=optimizer, step_in_backward=in_backward,
+                        **{name: value})
         assert spec.held_state == to_frozen_state(expected), (name, value)
         assert spec.frozen_state == to_frozen_state(spec.optimizer_state)
         assert spec == StepSpec("bert-tiny", batch=2, seq=16, rate=0.5, optimizer=optimizer,
+                                step_in_backward=in_backward,
                                 optimizer_state=FROZEN_STATE_NAMES[value] if name == "frozen_state" else value)
 
 
@@ -144,6 +147,10 @@ def test_the_scheduler_attaches_what_the_one_rule_says(optimizer_class, step):
         mode = resolve_state_mode(value, step)
         if mode == "8bit" and step == "frozen":
             with pytest.raises(ValueError, match="attach_chunked_step"):   # named, and this step cannot hold it
+                _attached(optimizer_class, **{name: value})
+            continue
+        if mode == "host":   # every state on the host: the step in backward only (tests/optim/test_host_state.py)
+            with pytest.raises(ValueError, match="step_in_backward"):
                 _attached(optimizer_class, **{name: value})
             continue
         sched, _ = _attached(optimizer_class, **{name: value})

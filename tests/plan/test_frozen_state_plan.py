@@ -76,3 +76,52 @@ def test_the_later_steps_bound_counts_what_a_thawed_layer_brings_back(mode):
 
     spec = SPEC.replace(device="cuda", frozen_state=mode)
     assert rate_bound(spec) >= predict(spec).total
+
+
+DECODER = StepSpec("smollm2-135m", batch=1, seq=64, layers=2, preset="paper", rate=0.5)
+
+
+@pytest.mark.parametrize("changes", [dict(step_in_backward=True), dict(step_in_backward=True, optimizer_state="host"),
+                                     dict(preset="none", rate=0.0, chunked_loss=True, checkpointing=True,
+                                          step_in_backward=True)],
+                         ids=["in-backward", "host", "recipe"])
+def test_step_in_backward_and_the_chunked_loss_predicted_as_measured(changes):
+    spec = DECODER.replace(**changes)
+    predicted, measured = predict(spec), measure(spec)
+    # The measured step meets the scheduler's per-layer bookkeeping inside backward (5 host tensors of one entry
+    # per scheduled layer: 390 bytes here) where the fake run does not count it; everything else is exact.
+    bookkeeping = 26 * 15 if spec.rate else 0
+    assert 0 <= measured.total - predicted.total <= bookkeeping
+    assert predicted.memory.optimizer_state == measured.optimizer_state
+
+
+def test_the_step_in_backward_frees_the_gradients_and_the_chunked_loss_the_logits():
+    plain = DECODER.replace(preset="none", rate=0.0)
+    in_backward, chunked = predict(plain.replace(step_in_backward=True)), predict(plain.replace(chunked_loss=True))
+    base = predict(plain)
+    assert in_backward.total < base.total   # no gradient of every parameter at the optimizer's peak
+    # the logits (1 x 64 x 49,152 fp32) are never made whole: the forward's peak drops (the step's peak here is
+    # the optimizer's, which the loss does not change)
+    assert chunked.memory.phase_peaks["forward"] < base.memory.phase_peaks["forward"] - 10 * 2**20
+    assert "step in backward" in plain.replace(step_in_backward=True).label()
+    assert "chunked CE" in plain.replace(chunked_loss=True).label()
+    with pytest.raises(ValueError, match="chunked_loss chunks a causal LM's loss"):
+        predict(SPEC.replace(chunked_loss=True))
+
+
+def test_every_state_on_the_host_leaves_a_cuda_steps_device():
+    cuda = DECODER.replace(device="cuda", step_in_backward=True)
+    every_8bit, host_frozen, host = (predict(cuda.replace(optimizer_state=m)) for m in ("8bit", "host-frozen", "host"))
+    assert host.memory.optimizer_state < every_8bit.memory.optimizer_state
+    assert host.memory.optimizer_state < host_frozen.memory.optimizer_state
+    assert "every state on the host" in cuda.replace(optimizer_state="host").label()
+    with pytest.raises(ValueError, match="needs step_in_backward=True"):
+        DECODER.replace(optimizer_state="host")
+
+
+def test_the_printed_code_steps_in_backward():
+    spec = DECODER.replace(preset="none", rate=0.0, chunked_loss=True, step_in_backward=True)
+    code = render(predict(spec))
+    assert "optimizer = step_in_backward([p for p in model.parameters() if p.requires_grad], torch.optim.AdamW" \
+        in code
+    assert "lm_head_chunk_rows=256" in code

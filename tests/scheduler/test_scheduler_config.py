@@ -59,7 +59,8 @@ BAD_OPTIONS = [
 
 @pytest.mark.parametrize("options,name,fix", BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
 def test_a_bad_option_is_named_with_its_fix(options, name, fix):
-    owner = r"ExperimentalOptions" if name in ("frozen_update", "warmup_steps", "warmup_start_rate") else "SchedulerConfig"
+    experimental = ("frozen_update", "warmup_steps", "warmup_start_rate")
+    owner = r"ExperimentalOptions" if name in experimental else "SchedulerConfig"
     pattern = rf"{owner}\.{name} must be .*{fix}"
     with pytest.raises(ValueError, match=pattern):
         ILSScheduler(MLP(), **options)

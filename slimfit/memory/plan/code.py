@@ -40,9 +40,12 @@ def _lora_lines(p: Prediction) -> list[str]:
 def _optimizer_lines(spec: StepSpec) -> list[str]:
     """AdamW (or torchao's 8-bit) over the parameters that ever train: every one under the scheduler."""
     params = "model.parameters()" if spec.rate else "[p for p in model.parameters() if p.requires_grad]"
-    if spec.optimizer == "adamw8bit":
-        return ["from torchao.optim import AdamW8bit", f"optimizer = AdamW8bit({params}, lr=2e-5)"]
-    return [f"optimizer = torch.optim.AdamW({params}, lr=2e-5)"]
+    lines = ["from torchao.optim import AdamW8bit"] if spec.optimizer == "adamw8bit" else []
+    cls = "AdamW8bit" if spec.optimizer == "adamw8bit" else "torch.optim.AdamW"
+    if spec.step_in_backward:   # each parameter steps inside backward; optimizer.step() ends the step
+        return lines + ["from slimfit.optim import step_in_backward",
+                        f"optimizer = step_in_backward({params}, {cls}, lr=2e-5)"]
+    return lines + [f"optimizer = {cls}({params}, lr=2e-5)"]
 
 
 def _loop_lines(spec: StepSpec, device: str) -> list[str]:
@@ -64,11 +67,13 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
     spec = p.spec
     ref = resolve_model(spec.model, spec.task)
     lines = ["import torch"]
-    if spec.preset != "none":
+    if spec.preset != "none" or spec.chunked_loss:
         lines.append("import slimfit")
     lines += [""] + _model_lines(spec, ref) + _lora_lines(p)
     if spec.preset != "none":
         lines.append(f"model = slimfit.patch(model, slimfit.SlimFitConfig.{spec.preset}())")
+    elif spec.chunked_loss:   # the chunked loss alone: a config that compresses nothing else
+        lines.append("model = slimfit.patch(model, slimfit.SlimFitConfig(dropout=\"torch\", lm_head_chunk_rows=256))")
     device = "cuda" if spec.device == "cuda" else "cpu"
     lines += (['model.to("cuda")'] if device == "cuda" else []) + _optimizer_lines(spec)
     if spec.rate:
@@ -77,7 +82,7 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
             lines += ["from slimfit.plan import StepSpec, scheduler_budget",
                       f"budget = scheduler_budget(StepSpec({_model_arg(spec)!r}, batch={spec.batch}, "
                       f"{_shape_arg(spec)}, dtype={spec.dtype!r}, preset={spec.preset!r}, rate={spec.rate!r}, "
-                      f"checkpointing={spec.checkpointing!r}{_frozen_state_arg(spec)}), "
+                      f"checkpointing={spec.checkpointing!r}{_in_backward_arg(spec)}{_frozen_state_arg(spec)}), "
                       f"budget_bytes={int(budget_bytes)})",
                       f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer"
                       f"{_frozen_state_arg(spec)}, **budget)"]
@@ -90,6 +95,11 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
 def _frozen_state_arg(spec: StepSpec) -> str:
     """The scheduler's optimizer_state argument unless it is the scheduler's default ("auto")."""
     return "" if spec.optimizer_state == "auto" else f", optimizer_state={spec.optimizer_state!r}"
+
+
+def _in_backward_arg(spec: StepSpec) -> str:
+    """StepSpec's step_in_backward argument when set (the budget's step is the run's)."""
+    return ", step_in_backward=True" if spec.step_in_backward else ""
 
 
 def _model_arg(spec: StepSpec) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["available", "make", "state_tensors", "FakeAdamW8bit", "BLOCK", "MIN_QUANTIZED"]
+__all__ = ["available", "make", "optimizer_class", "state_tensors", "FakeAdamW8bit", "BLOCK", "MIN_QUANTIZED"]
 
 BLOCK = 256
 MIN_QUANTIZED = 4096
@@ -33,9 +33,14 @@ def available() -> bool:
 
 def make(params):
     """torchao's AdamW8bit over `params`, lr 0 (as the planned step's AdamW)."""
+    return optimizer_class()(params, lr=0.0)
+
+
+def optimizer_class() -> type:
+    """torchao's AdamW8bit class (step_in_backward builds one per parameter)."""
     from torchao.optim import AdamW8bit
 
-    return AdamW8bit(params, lr=0.0)
+    return AdamW8bit
 
 
 def state_tensors(p: torch.Tensor) -> dict:
@@ -55,8 +60,8 @@ class FakeAdamW8bit(torch.optim.Optimizer):
     """A stand-in of torchao's AdamW8bit for fake runs: its state as plain tensors of the same sizes (made
     at once, as in any step after the first), its step two fp32 temporaries per parameter, in turn."""
 
-    def __init__(self, params):
-        super().__init__(params, {"lr": 0.0})
+    def __init__(self, params, lr: float = 0.0):
+        super().__init__(params, {"lr": lr})
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p] = state_tensors(p)

@@ -46,6 +46,11 @@ class StepSpec:
                    CPU is the same memory; "full": as AdamW made them); `held_state` says what it comes to
     frozen_state   optimizer_state's older name ("auto", "compress_all", "compress", "offload", None), read as
                    it; the attribute gives optimizer_state in those names
+    step_in_backward  the optimizer stepped inside backward (slimfit.optim.step_in_backward over the spec's
+                   optimizer): each gradient freed right after its parameter's step, as torchtune's
+                   optimizer_in_bwd; optimizer_state "host" needs it
+    chunked_loss   a causal LM's loss through slimfit's chunked linear + cross-entropy (256 rows a chunk; no
+                   B x S x vocab logits kept), without a preset too (torchtune's chunked CE); the presets do it
     """
 
     model: Any
@@ -66,6 +71,8 @@ class StepSpec:
     budget_bytes: float | None = None
     optimizer_state: str = "auto"
     frozen_state: str | None = dataclasses.field(default=_NO_FROZEN_STATE, compare=False, repr=False)
+    step_in_backward: bool = False
+    chunked_loss: bool = False
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -113,6 +120,12 @@ class StepSpec:
                        "needs a freeze rate")
         elif self.optimizer_state not in ("auto", "full") and self.optimizer != "adamw":
             out.append(f"optimizer_state={self.optimizer_state!r} holds AdamW's moments: use it with optimizer adamw")
+        for name in ("step_in_backward", "chunked_loss", "checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.optimizer_state == "host" and not self.step_in_backward:
+            out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
+                       "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
@@ -168,13 +181,18 @@ class StepSpec:
             parts.append(f"LoRA r{self.lora}")
         if self.checkpointing:
             parts.append("checkpointing")
+        if self.step_in_backward:
+            parts.append("step in backward")
+        if self.chunked_loss and self.preset == "none":
+            parts.append("chunked CE")
         if self.dtype != "fp32":
             parts.append("bf16 autocast" if self.autocast else f"{self.dtype} weights")
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
         if self.rate and self.optimizer == "adamw":
             parts.append({None: "frozen state in full", "compress": "frozen state 8-bit",
-                          "offload": "frozen state offloaded", "compress_all": "every state 8-bit"}[self.held_state])
+                          "offload": "frozen state offloaded", "compress_all": "every state 8-bit",
+                          "offload_all": "every state on the host"}[self.held_state])
         if self.budget_bytes is not None:
             parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
         return ", ".join(parts)

@@ -31,6 +31,7 @@ from .spec import StepSpec
 __all__ = ["Step", "open_step", "run_step", "lora_targets", "check_spec"]
 
 LORA_FALLBACK_TARGETS = ("query", "value", "q_proj", "v_proj", "q_lin", "v_lin")
+CHUNKED_LOSS_ROWS = 256   # rows a chunk of StepSpec.chunked_loss: paper()'s lm_head_chunk_rows
 
 
 @dataclasses.dataclass
@@ -75,6 +76,8 @@ def check_spec(spec: StepSpec, ref: ModelRef, fake: bool = False) -> None:
         raise ValueError(f"{ref.name} is a text model: give seq (tokens per sequence)")
     elif spec.image_size is not None:
         raise ValueError(f"{ref.name} is a text model: image_size applies to vision models")
+    if spec.chunked_loss and ref.task != CAUSAL_LM:
+        raise ValueError(f"chunked_loss chunks a causal LM's loss; {ref.name} is a {ref.task} model")
     if spec.optimizer == "adamw8bit" and not fake:
         from .optim8bit import available
 
@@ -130,6 +133,8 @@ def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
         model = _add_lora(model, ref, spec.lora)
     if spec.preset != "none":
         slimfit.patch(model, SlimFitConfig.preset(spec.preset))
+    elif spec.chunked_loss:   # the chunked loss alone (the presets chunk it already): nothing else compressed
+        slimfit.patch(model, SlimFitConfig(dropout="torch", lm_head_chunk_rows=CHUNKED_LOSS_ROWS))
     return model if spec.device == "cpu" or fake else model.to(spec.device)
 
 
@@ -140,9 +145,18 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
 
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.optimizer == "adamw8bit":
-        from .optim8bit import FakeAdamW8bit, make
+        from .optim8bit import FakeAdamW8bit, make, optimizer_class
 
-        optimizer = FakeAdamW8bit(params) if fake else make(params)
+        if spec.step_in_backward:
+            from ...optim import step_in_backward
+
+            optimizer = step_in_backward(params, FakeAdamW8bit if fake else optimizer_class(), lr=0.0)
+        else:
+            optimizer = FakeAdamW8bit(params) if fake else make(params)
+    elif spec.step_in_backward:
+        from ...optim import step_in_backward
+
+        optimizer = step_in_backward(params, torch.optim.AdamW, lr=0.0, foreach=spec.device == "cuda")
     else:
         optimizer = torch.optim.AdamW(params, lr=0.0, foreach=spec.device == "cuda")
     runs.prime_optimizer(optimizer)
@@ -156,13 +170,14 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     base of a budget)."""
     if not spec.rate:
         return None, ()
-    from ..._optimizer_state import from_frozen_state
+    from ..._optimizer_state import HOLDERS, from_frozen_state
     from ...scheduler import ILSScheduler
 
     options = {} if freeze_all else dict(budget or {})
-    # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
-    off_device = fake and spec.held_state == "offload" and spec.device == "cuda"
     mode = spec.held_state
+    held, between_steps = HOLDERS.get(from_frozen_state(mode), (None, False))
+    # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
+    off_device = fake and held == "offload" and spec.device == "cuda"
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
                              optimizer_state=from_frozen_state(None if off_device else mode))
     names = tuple(scheduler.names)
@@ -178,15 +193,15 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
             from ...optim import FrozenState
 
             params = dict(model.named_parameters())
-            held = "compress" if mode == "compress_all" else mode
             FrozenState(optimizer, held, seed=spec.seed, transfer=transfer).freeze(
                 [params[n] for n in names if n in params])
         return None, names
     scheduler.attach_optimizer(optimizer)
-    if off_device:  # what SchedulerConfig.optimizer_state="host-frozen" attaches, with the off-device host
+    if off_device:  # what optimizer_state "host-frozen" / "host" attaches, with the off-device host
         from ...optim import FrozenState
 
-        FrozenState(optimizer, mode, seed=scheduler.run_seed % 2**62, transfer=transfer).attach(scheduler)
+        FrozenState(optimizer, held, seed=scheduler.run_seed % 2**62, between_steps=between_steps,
+                    transfer=transfer).attach(scheduler)
     scheduler.apply()
     return scheduler, names
 
