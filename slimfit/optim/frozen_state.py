@@ -147,6 +147,8 @@ class FrozenState:
         if self._scheduler_handle is not None:
             self._scheduler_handle.remove()
         self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)
+        if self.between_steps:   # every state held: the layers the scheduler does not schedule (embeddings,
+            self.freeze(list(self.optimizer.state))   # norms, a head) too, when they already have state (a resume)
         return self
 
     def freeze(self, params) -> int:

@@ -52,3 +52,16 @@ def test_host_state_names():
     assert config.frozen_state == "offload_all" and config.frozen_state_mode == "offload_all"
     assert SchedulerConfig(frozen_state="offload_all").optimizer_state == "host"
     assert SchedulerConfig.from_dict(config.to_dict()).optimizer_state == "host"
+
+
+def test_state_made_before_the_attach_is_held_too():
+    """A resume (or the planner's primed state): every parameter's state goes to the host at the attach, the
+    embeddings, norms and head the scheduler does not schedule included."""
+    model = build(0)
+    opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2)
+    train(model, opt, data(), 1, schedule=None)   # every parameter has state, in full
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, optimizer_state="host")
+    unscheduled = [p for p in model.parameters() if all(p is not q for q in sched.params)]
+    assert unscheduled
+    for p in model.parameters():
+        assert "exp_avg" + HOST in opt.state[p] and "exp_avg" not in opt.state[p]
