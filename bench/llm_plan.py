@@ -10,12 +10,18 @@ Each row is one StepSpec predicted on fake tensors (slimfit/memory/plan/), full 
 and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: CUDA's attention backends):
   plain             torch AdamW, sdpa attention;
   torchtune recipe  8-bit AdamW (torchao's AdamW8bit layout; bitsandbytes' 8-bit AdamW keeps the same bytes to
-                    within its 256-entry tables) + activation checkpointing of every layer; the recipe's
-                    optimizer step in backward, chunked CE, paged optimizer state, compile and activation
-                    offload are NOT modelled (StepSpec cannot express them), so this row is above the recipe;
+                    within its 256-entry tables) + activation checkpointing of every layer + the optimizer step
+                    in backward + chunked CE (StepSpec step_in_backward, chunked_loss); its paged optimizer
+                    state (which moves the 8-bit moments to the host under pressure), compile and activation
+                    offload are NOT modelled: the row keeps every 8-bit moment on the device;
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
-  slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default frozen_state: every AdamW
+  slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default optimizer_state: every AdamW
                     state 8-bit), the first step's frozen set;
+  slimfit + step in backward + ckpt, 8-bit  the same with checkpointing and the step in backward;
+  slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
+                    trained parameter's copied in for its step and back (lossless; what a paged optimizer does
+                    under pressure). `host s` is that traffic's time at HOST_BYTES_PER_S each way (a PCIe Gen5
+                    x16 link's practical rate), which the plan's step time leaves out;
 with the step time of plan/cost.py (nominal H100-class rates: for ranking, not a benchmark).
 """
 from __future__ import annotations
@@ -33,15 +39,21 @@ from bench import _results
 NAME = "llm_plan"
 GiB = 2 ** 30
 FIELDS = ["model", "batch", "seq", "row", "peak_gib", "weights_gib", "grads_gib", "state_gib", "saved_gib",
-          "transient_gib", "peak_phase", "est_step_s", "plan_s"]
+          "transient_gib", "peak_phase", "est_step_s", "host_s", "plan_s"]
+HOST_BYTES_PER_S = 25e9   # host <-> device, each way: a PCIe Gen5 x16 link's practical rate (nominal 64 GB/s)
 # (model, batch, seq): the public recipes' shapes first (torchtune's README), then the other shipped configs
 CASES = [("llama-3.1-8b", 2, 2048), ("llama-3.2-3b", 2, 4096), ("qwen2.5-0.5b", 1, 1024),
          ("llama-3.2-1b", 1, 1024), ("qwen2.5-1.5b", 1, 1024), ("qwen2.5-7b", 2, 2048)]
 QUICK = [("llama-tiny", 1, 32)]
+_SLIMFIT_IN_BACKWARD = dict(preset="paper", rate=0.7, checkpointing=True, step_in_backward=True)
 ROWS = {"plain bf16, AdamW": {},
-        "torchtune recipe: 8-bit AdamW + checkpointing": dict(optimizer="adamw8bit", checkpointing=True),
+        "torchtune recipe without paging: 8-bit AdamW + ckpt + step in backward + chunked CE":
+            dict(optimizer="adamw8bit", checkpointing=True, step_in_backward=True, chunked_loss=True),
         "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
-        "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7)}
+        "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7),
+        "slimfit + ckpt + step in backward, every state 8-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit"},
+        "slimfit + ckpt + step in backward, every state on the host": {**_SLIMFIT_IN_BACKWARD,
+                                                                       "optimizer_state": "host"}}
 PUBLIC = {("llama-3.1-8b", 2, 2048): "torchtune: 18.9 GiB (bf16 + 8-bit paged AdamW + step in backward + "
                                      "checkpointing + chunked CE, RTX 4090)",
           ("llama-3.2-3b", 2, 4096): "torchtune: 17.6 GiB with every flag stacked (from 60.0 GiB)"}
@@ -58,7 +70,16 @@ def predict_row(model: str, batch: int, seq: int, fields: dict, device: str) -> 
             "weights_gib": f"{m.weights / GiB:.2f}", "grads_gib": f"{m.gradients / GiB:.2f}",
             "state_gib": f"{m.optimizer_state / GiB:.2f}", "saved_gib": f"{m.saved / GiB:.2f}",
             "transient_gib": f"{m.transient / GiB:.2f}", "peak_phase": m.peak_phase,
-            "est_step_s": f"{p.step_time():.3g}", "plan_s": f"{p.seconds:.0f}"}
+            "est_step_s": f"{p.step_time():.3g}", "host_s": _host_seconds(spec, p), "plan_s": f"{p.seconds:.0f}"}
+
+
+def _host_seconds(spec, p) -> str:
+    """The host traffic of optimizer_state="host" per step: each trained parameter's two moments (in the
+    weights' dtype, as torch makes them) copied in and out, at HOST_BYTES_PER_S each way; "-" for other rows."""
+    if spec.optimizer_state != "host":
+        return "-"
+    moment_bytes = 2 if spec.weight_dtype in ("bfloat16", "float16") else 4
+    return f"{p.trained * 2 * moment_bytes / HOST_BYTES_PER_S:.2f}"
 
 
 def fit_row(model: str, batch: int, seq: int, budget: str, device: str) -> dict:
@@ -87,21 +108,22 @@ def markdown(rows: list[dict], argv: list[str], device: str) -> str:
     """The results file: header (command, commit, date, versions), what each row is, the table, the public
     numbers it compares with."""
     head = ["model", "b", "seq", "configuration", "step peak GiB", "weights", "grads", "opt. state", "saved",
-            "transient", "peak in", "est. step s", "plan s"]
+            "transient", "peak in", "est. step s", "host s", "plan s"]
     body = [[r["model"], r["batch"], r["seq"], r["row"], r.get("peak_gib", "-"), r.get("weights_gib", "-"),
              r.get("grads_gib", "-"), r.get("state_gib", "-"), r.get("saved_gib", "-"), r.get("transient_gib", "-"),
-             r.get("peak_phase", "-"), r.get("est_step_s", "-"), r.get("plan_s", "-")] for r in rows]
+             r.get("peak_phase", "-"), r.get("est_step_s", "-"), r.get("host_s", "-"), r.get("plan_s", "-")]
+            for r in rows]
     lines = [f"# slimfit plan at LLM scale: predicted whole-step peaks ({device}, bf16 weights)", "",
              f"`{_results.command(NAME, argv)}`; commit {_results.commit_label()}; {_results.now()}; torch "
              f"{_results.versions()['torch']}; planned on {_results.device_name('cpu')}.", "",
              "Every row is predicted on fake tensors at full depth (every layer; nothing allocated, no weights "
              "downloaded: the configs of slimfit/memory/models.py). The parts are at the peak; `saved` is what "
              "autograd keeps for backward. The step time is plan/cost.py's estimate with nominal H100-class "
-             "rates (for ranking configurations, not a benchmark). bench/llm_plan.py's docstring says what each "
-             "row models; the torchtune row leaves out the recipe's optimizer step in backward, chunked CE, "
-             "paged optimizer state and activation offload, which StepSpec cannot express: it is the recipe's "
-             "upper bound, not its number.", ""]
-    lines += _results.md_table(head, body, right=set(range(4, 13)) - {10})
+             "rates (for ranking configurations, not a benchmark); `host s` is the host traffic of the rows "
+             "that keep the moments in host memory, which that estimate leaves out. bench/llm_plan.py's "
+             "docstring says what each row models; the torchtune row leaves out the recipe's paged optimizer "
+             "state and activation offload: every 8-bit moment stays on the device there.", ""]
+    lines += _results.md_table(head, body, right=set(range(4, 14)) - {10})
     public = [f"- {m} b{b} s{s}: {text}" for (m, b, s), text in PUBLIC.items()
               if any(r["model"] == m and int(r["batch"]) == b and int(r["seq"]) == s for r in rows)]
     if public:
@@ -125,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, fields in ROWS.items():
             rows.append({**predict_row(model, batch, seq, fields, args.device), "row": label})
             r = rows[-1]
-            print(f"{model:14s} b{batch} s{seq:<5d} {label:48s} {r['peak_gib']:>8} GiB  "
+            print(f"{model:14s} b{batch} s{seq:<5d} {label:60s} {r['peak_gib']:>8} GiB  "
                   f"({r['plan_s']} s to plan)", flush=True)
         if args.fit:
             rows.append(fit_row(model, batch, seq, args.fit, args.device))
