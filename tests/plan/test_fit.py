@@ -21,7 +21,10 @@ def test_candidates_cover_presets_rates_lora_checkpointing_and_frozen_state():
     # GPU only
     assert {s.replace(frozen_state=None) for s in held} <= set(specs)
     on_gpu = candidates(BASE.replace(device="cuda"))
-    assert len(on_gpu) == 112 and {s.frozen_state for s in on_gpu} == {None, "compress", "offload", "compress_all"}
+    assert len(on_gpu) == 136 and {s.frozen_state for s in on_gpu} == {None, "compress", "offload", "compress_all",
+                                                                         "offload_all"}
+    # every state on the host only with the step in backward, which nothing else searched takes
+    assert all(s.step_in_backward == (s.frozen_state == "offload_all") for s in on_gpu)
     assert not any(s.frozen_state for s in candidates(BASE.replace(optimizer="adamw8bit")))
 
 

@@ -13,7 +13,7 @@ were fitted to measured step times (docs/plan.md, "the time model"); the CUDA on
 """
 from __future__ import annotations
 
-__all__ = ["CostCounter", "step_seconds", "DEVICE_RATES"]
+__all__ = ["CostCounter", "step_seconds", "DEVICE_RATES", "HOST_LINK_BYTES_PER_S", "host_traffic_seconds"]
 
 # (matmul FLOP/s fp32, matmul FLOP/s bf16, bytes/s, seconds per op)
 DEVICE_RATES = {
@@ -71,6 +71,19 @@ class CostCounter:
         flat, _ = tree_flatten((args, kwargs, out))
         self.bytes += sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
         self.flops += _flops(func, args, kwargs, out)
+
+
+# host <-> device, bytes/s each way: a PCIe Gen5 x16 link's practical rate (nominal 64 GB/s); the traffic of
+# optimizer_state="host" (every trained parameter's moments copied in for its step and back), which the op
+# counts above do not see (the copies go to pinned host memory on a side stream)
+HOST_LINK_BYTES_PER_S = 25e9
+
+
+def host_traffic_seconds(trained_params: float, moment_bytes: int) -> float:
+    """Seconds a step spends moving the two moments of `trained_params` parameters (each `moment_bytes` an
+    element) to the device and back, at HOST_LINK_BYTES_PER_S each way (in and out overlap: one direction's time
+    twice, as a link shared by both directions)."""
+    return trained_params * 2 * moment_bytes * 2 / HOST_LINK_BYTES_PER_S
 
 
 def step_seconds(flops: float, bytes_moved: float, ops: int, device: str = "cpu", dtype: str = "fp32") -> float:

@@ -3,9 +3,11 @@
 Searched, at the batch, sequence, dtype and optimizer given: every preset (none, exact, paper, aggressive)
 x freeze rate (0, 0.5, 0.7, 0.9; ILSScheduler) x checkpointing (off, on), and LoRA (rank given, else 8; no
 freeze rate: the base is frozen) x preset x checkpointing: 40 configurations; with AdamW, each one with a
-freeze rate again with the frozen layers' state held 8-bit (and, on a GPU, offloaded to host memory): 64
-on a CPU, 88 on a GPU. Of configurations of the same estimated time the one that holds the state in full
-goes first, then offload (lossless), then 8-bit (lossy: docs/fidelity.md).
+freeze rate again with the frozen layers' state held 8-bit (and, on a GPU, offloaded to host memory, and
+every layer's state in host memory under the optimizer step in backward, its host traffic added to the
+estimated time: cost.host_traffic_seconds): 88 on a CPU, 136 on a GPU. Of configurations of the same
+estimated time the one that holds the state in full goes first, then in host memory (lossless), then 8-bit
+(lossy: docs/fidelity.md).
 
 Speed first (cheap), memory second (exact), so that few full predictions run:
   1. each configuration's step time is estimated (cost.py: flops, bytes moved, ops) from predictions of the
@@ -23,7 +25,7 @@ import dataclasses
 import itertools
 
 from ..models import ModelRef, resolve_model
-from .cost import step_seconds
+from .cost import host_traffic_seconds, step_seconds
 from .fakerun import Prediction
 from .predict import predict
 from .spec import StepSpec
@@ -58,27 +60,31 @@ class FitResult:
 
 def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
     """The configurations --fit searches, at base's model, batch, shape, dtype and optimizer."""
-    plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None, frozen_state=None)
+    plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None, frozen_state=None,
+                 step_in_backward=False)
     base = base.replace(**plain)
     out = [base.replace(preset=p, rate=r, checkpointing=c)
            for p, r, c in itertools.product(PRESETS, RATES, (False, True))]
     out += [base.replace(preset=p, lora=lora_rank or LORA_RANK, checkpointing=c)
             for p, c in itertools.product(PRESETS, (False, True))]
     if base.optimizer == "adamw":
-        out += [base.replace(preset=p, rate=r, checkpointing=c, frozen_state=f)
+        out += [base.replace(preset=p, rate=r, checkpointing=c, frozen_state=f, step_in_backward=f == "offload_all")
                 for f, p, r, c in itertools.product(frozen_states(base.device), PRESETS, RATES[1:], (False, True))]
     return out
 
 
 def frozen_states(device: str) -> tuple:
-    """The frozen-state options worth searching on the device, in the order a tie is broken: offload is
-    lossless but saves only on a GPU; compress (the frozen layers' moments 8-bit) and compress_all (every
-    layer's, the scheduler's default) cost a little accuracy (docs/fidelity.md)."""
-    return ("offload", "compress", "compress_all") if device == "cuda" else ("compress", "compress_all")
+    """The frozen-state options worth searching on the device, in the order a tie is broken: offload (the
+    frozen layers' moments) and offload_all (every layer's, with the step in backward) are lossless but save only
+    on a GPU; compress (the frozen layers' moments 8-bit) and compress_all (every layer's, the scheduler's
+    default) cost a little accuracy (docs/fidelity.md)."""
+    if device == "cuda":
+        return ("offload", "offload_all", "compress", "compress_all")
+    return ("compress", "compress_all")
 
 
 # at equal time: in full, lossless, the frozen layers' state lossy, every layer's state lossy
-_PREFERENCE = {None: 0, "offload": 1, "compress": 2, "compress_all": 3}
+_PREFERENCE = {None: 0, "offload": 1, "offload_all": 1, "compress": 2, "compress_all": 3}
 
 
 def _preference(spec: StepSpec) -> int:
@@ -94,9 +100,10 @@ def _depth(ref: ModelRef) -> int:
     raise ValueError(f"{ref.name}: the config names no depth (num_hidden_layers)")
 
 
-def _counts(p: Prediction) -> tuple[float, float, float, int]:
-    """(flops, bytes moved, ops, weights + optimizer state) of a prediction."""
-    return p.flops, p.bytes_moved, p.ops, p.memory.weights + p.memory.optimizer_state
+def _counts(p: Prediction) -> tuple[float, float, float, int, int, int]:
+    """(flops, bytes moved, ops, weights + optimizer state, parameters trained in the step, weights) of a
+    prediction."""
+    return p.flops, p.bytes_moved, p.ops, p.memory.weights + p.memory.optimizer_state, p.trained, p.memory.weights
 
 
 def _line(a, b, depth: int, mix: float = 0.0, c=None, a_frozen=None):
@@ -150,9 +157,14 @@ def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
         except Exception:  # noqa: BLE001 - nothing to schedule without layers: the shallow model as it is
             first_frozen = first
     out = []
+    moment_bytes = 4 if spec.weight_dtype == "float32" else 2
     for rate in rates:
-        f, b, o, r = _line(first, trained, depth - low, rate, frozen, first_frozen)
-        out.append((step_seconds(f, b, o, device, dtype), int(r)))
+        f, b, o, r, n, w = _line(first, trained, depth - low, rate, frozen, first_frozen)
+        seconds = step_seconds(f, b, o, device, dtype)
+        if frozen_state == "offload_all":   # every trained parameter's moments in from the host and back out;
+            seconds += host_traffic_seconds(n, moment_bytes)   # none stays resident (the shallow trained runs,
+            r = w                                              # without a scheduler, keep theirs)
+        out.append((seconds, int(r)))
     return out
 
 
@@ -162,7 +174,7 @@ def estimate(specs: list[StepSpec], ref: ModelRef, on_progress=None) -> list[Can
     depth = _depth(ref)
     groups: dict[tuple, list[StepSpec]] = {}
     for s in specs:
-        groups.setdefault((s.preset, s.lora, s.checkpointing, s.frozen_state), []).append(s)
+        groups.setdefault((s.preset, s.lora, s.checkpointing, s.step_in_backward, s.frozen_state), []).append(s)
     out, shallow = [], _Shallow(ref)
     for (*_, frozen_state), members in groups.items():
         head = members[0].replace(rate=0.0, frozen_state=None)
