@@ -327,6 +327,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-in-backward", action="store_true",
                         help="the optimizer stepped inside backward, each gradient freed after its step "
                              "(slimfit.optim.step_in_backward)")
+    parser.add_argument("--warmup-steps", default=0, type=_warmup_steps_arg, metavar="N",
+                        help="with a freeze rate, the scheduler's rate ramp in steps for the predicted step: 0 "
+                             "(default) predicts the frozen set at the rate; auto (the scheduler's default: 100 "
+                             "for a causal LM, else 0) or N predicts the ramp's first step, the run's worst")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="a causal LM's loss chunked (no logits kept) without a preset too; the presets do it")
     # --optimizer-state's older name and values
@@ -337,6 +341,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
 
 
+
+
+def _warmup_steps_arg(text: str):
+    """--warmup-steps: "auto" or an int >= 0."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of steps >= 0, got {text!r}")
+    return int(text)
 
 
 def _optimizer_state(args) -> str:
@@ -359,7 +372,8 @@ def _spec(args, **changes):
                   optimizer=args.optimizer, preset=args.preset, rate=freeze_rate_of(args), lora=args.lora,
                   checkpointing=args.checkpointing, attn=args.attn_implementation, device=args.device,
                   task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
-                  chunked_loss=args.chunked_loss, optimizer_state=_optimizer_state(args))
+                  chunked_loss=args.chunked_loss, warmup_steps=args.warmup_steps,
+                  optimizer_state=_optimizer_state(args))
     values.update(changes)
     return StepSpec(args.model, **values)
 
@@ -372,6 +386,13 @@ def _header(p) -> list[str]:
     if spec.rate:
         lines.append(f"  ILSScheduler: {p.frozen_layers} of {p.layers} layers frozen in this step "
                      f"(its first frozen set, seed {spec.seed}); AdamW state for every parameter")
+        if p.warmup_steps:
+            lines.append(f"  the rate ramps from 0 to {spec.rate:g} over the first {p.warmup_steps} steps: this "
+                         "first step is the run's worst")
+        elif p.causal_lm:
+            lines.append("  the frozen set at the rate: ILSScheduler's default for a causal LM ramps the rate from 0 "
+                         "over its first 100 steps, which train more layers (--warmup-steps auto predicts the "
+                         "first; ILSScheduler(..., warmup_steps=0) freezes at the rate from the first step)")
     lines.append(f"  trainable now: {p.trained / 1e6:.2f}M parameters; optimizer state for {p.optimized / 1e6:.2f}M")
     return lines
 

@@ -20,11 +20,12 @@ __all__ = ["scheduler_frozen_set", "set_frozen", "autocast_context", "saved_of_s
 
 def scheduler_frozen_set(model, freeze_rate: float, seed: int = 0) -> tuple[list[str], list[str]]:
     """(frozen, candidates): the layers ILSScheduler(model, freeze_rate, seed=seed) freezes at its
-    first step (a seeded random share: no layer has a score yet). Leaves every parameter trainable."""
+    first step at the rate (a seeded random share: no layer has a score yet; no ramp: a causal LM's default
+    warmup_steps would freeze nothing yet). Leaves every parameter trainable."""
     from ..scheduler import ILSScheduler
 
     set_frozen(model, ())  # candidates are the parameters that require grad
-    sched = ILSScheduler(model, freeze_rate=freeze_rate, seed=seed)
+    sched = ILSScheduler(model, freeze_rate=freeze_rate, seed=seed, warmup_steps=0)
     frozen, candidates = sched.frozen_names(), list(sched.names)
     del sched
     set_frozen(model, ())

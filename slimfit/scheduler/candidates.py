@@ -24,7 +24,7 @@ from torch import nn
 
 __all__ = ["find_candidates", "unwrap_model", "resolve_layers", "is_norm_module", "drop_always_trained",
            "task_head_names", "find_task_heads", "default_task_head", "TASK_HEAD", "candidate_kinds", "KINDS",
-           "keep_kinds"]
+           "keep_kinds", "is_causal_lm"]
 
 # always_train="task_head": the freshly initialised head of a Hugging Face task model. These are
 # the attribute names transformers gives it on *ForSequenceClassification / *ForImageClassification /
@@ -216,6 +216,19 @@ def keep_kinds(named: NamedParams, kinds: dict[str, str], scheduled: Sequence[st
 # Wrappers between the model a user holds and the task model with the head: PEFT (base_model.model),
 # torch.compile (_orig_mod), DDP / DataParallel (module).
 _WRAPPER_CHILDREN = ("module", "_orig_mod", "base_model", "model")
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """Whether ``model`` (or a module inside it: PEFT, compile and DDP wrappers) is a causal language model:
+    a transformers class named *ForCausalLM or *LMHeadModel (GPT-2's), or any module with an ``lm_head`` and
+    ``generate`` (warmup_steps="auto" ramps the rate for these)."""
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith(("ForCausalLM", "LMHeadModel")):
+            return True
+        if hasattr(module, "lm_head") and callable(getattr(module, "generate", None)):
+            return True
+    return False
 
 
 def find_task_heads(model: nn.Module) -> list[str]:

@@ -53,12 +53,13 @@ from .candidates import (
     default_task_head,
     drop_always_trained,
     find_candidates,
+    is_causal_lm,
     keep_kinds,
     resolve_layers,
     task_head_names,
     unwrap_model,
 )
-from .config import EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
+from .config import AUTO_WARMUP, DECODER_WARMUP_STEPS, EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
 from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
@@ -92,6 +93,14 @@ def _candidate_layers(model_or_named_params, cfg: SchedulerConfig) -> tuple[list
     named = find_candidates(model_or_named_params)
     check_parallel_wrappers(None, [p for _, p in named])
     return named, None
+
+
+def resolve_warmup_steps(value, module: Optional[nn.Module]) -> int:
+    """SchedulerConfig.warmup_steps against the model: "auto" is DECODER_WARMUP_STEPS for a causal LM and 0 for
+    any other model, or when only parameters were given (no model to tell)."""
+    if not (isinstance(value, str) and value == AUTO_WARMUP):
+        return int(value)
+    return DECODER_WARMUP_STEPS if module is not None and is_causal_lm(module) else 0
 
 
 def _scheduled_layers(candidates: list, module: Optional[nn.Module],
@@ -316,6 +325,7 @@ class ILSScheduler:
         self.config = SchedulerConfig.from_options(config, **options)
         candidates, module = _candidate_layers(model_or_named_params, self.config)
         named, self.scheduled_kinds, self.always_train = _scheduled_layers(candidates, module, self.config)
+        self.warmup_steps = resolve_warmup_steps(self.config.warmup_steps, module)
         self.names: list[str] = [n for n, _ in named]
         self.params: list[nn.Parameter] = [p for _, p in named]
         self._index = {id(p): i for i, p in enumerate(self.params)}
@@ -696,8 +706,8 @@ class ILSScheduler:
                 f"score={self.config.effective_score!r}, step={self._step})")
 
     def current_rate(self) -> float:
-        """The freeze rate in force for the next step (below freeze_rate during the experimental warm-up)."""
-        warmup = self.config.experimental.warmup_steps
+        """The freeze rate in force for the next step (below freeze_rate during the ramp of warmup_steps)."""
+        warmup = self.warmup_steps
         if warmup and self._step < warmup:
             start = min(self.config.experimental.warmup_start_rate, self.freeze_rate)
             return start + (self.freeze_rate - start) * self._step / warmup

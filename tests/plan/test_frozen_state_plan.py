@@ -79,6 +79,10 @@ def test_the_later_steps_bound_counts_what_a_thawed_layer_brings_back(mode):
 
 
 DECODER = StepSpec("smollm2-135m", batch=1, seq=64, layers=2, preset="paper", rate=0.5)
+# When every scheduled layer trains (the ramp's first step) or the step is taken in backward, the measured step
+# meets the scheduler's per-layer bookkeeping (5 host tensors of one entry per scheduled layer: 15 layers, 390
+# bytes) where the fake run does not count it; everything else is exact.
+_BOOKKEEPING = 26 * 15
 
 
 @pytest.mark.parametrize("changes", [dict(step_in_backward=True), dict(step_in_backward=True, optimizer_state="host"),
@@ -88,10 +92,7 @@ DECODER = StepSpec("smollm2-135m", batch=1, seq=64, layers=2, preset="paper", ra
 def test_step_in_backward_and_the_chunked_loss_predicted_as_measured(changes):
     spec = DECODER.replace(**changes)
     predicted, measured = predict(spec), measure(spec)
-    # The measured step meets the scheduler's per-layer bookkeeping inside backward (5 host tensors of one entry
-    # per scheduled layer: 390 bytes here) where the fake run does not count it; everything else is exact.
-    bookkeeping = 26 * 15 if spec.rate else 0
-    assert 0 <= measured.total - predicted.total <= bookkeeping
+    assert 0 <= measured.total - predicted.total <= _BOOKKEEPING if spec.rate else measured.total == predicted.total
     assert predicted.memory.optimizer_state == measured.optimizer_state
 
 
@@ -125,3 +126,19 @@ def test_the_printed_code_steps_in_backward():
     assert "optimizer = step_in_backward([p for p in model.parameters() if p.requires_grad], torch.optim.AdamW" \
         in code
     assert "lm_head_chunk_rows=256" in code
+
+
+def test_the_ramps_first_step_is_predicted_as_measured_and_is_the_worst():
+    """warmup_steps="auto" on a causal LM: the predicted step is the ramp's first (nothing frozen), above the
+    frozen set at the rate (StepSpec's default, warmup_steps=0), and the prediction is the measured step."""
+    at_rate = DECODER.replace(optimizer_state="8bit-frozen")
+    ramp = at_rate.replace(warmup_steps="auto")
+    first, steady = predict(ramp), predict(at_rate)
+    assert first.warmup_steps == 100 and first.frozen_layers == 0 and steady.frozen_layers > 0
+    assert first.total > steady.total
+    assert 0 <= measure(ramp).total - first.total <= _BOOKKEEPING
+    assert "the first step of its ramp" in ramp.label()
+    with pytest.raises(ValueError, match="warmup_steps must be 'auto' or an int"):
+        DECODER.replace(warmup_steps=-1)
+    assert "warmup_steps=0" in render(steady)   # a causal LM: the code asks for what was predicted
+    assert "warmup_steps" not in render(predict(SPEC))   # an encoder: 0 is the scheduler's own default

@@ -51,6 +51,7 @@ BAD_OPTIONS = [
     (dict(frozen_update="momentom"), "frozen_update", "did you mean 'momentum'"),
     (dict(update_scale="shar"), "update_scale", "did you mean 'share'"),
     (dict(warmup_steps=2.0), "warmup_steps", "int >= 0"),
+    (dict(warmup_steps="aut"), "warmup_steps", "or 'auto'"),
     (dict(warmup_steps=True), "warmup_steps", "bool, not a number"),
     (dict(warmup_start_rate=1.0), "warmup_start_rate", r"in \[0, 1\)"),
     (dict(process_group=object(), distributed=False), "process_group", "distributed=False"),
@@ -59,7 +60,7 @@ BAD_OPTIONS = [
 
 @pytest.mark.parametrize("options,name,fix", BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
 def test_a_bad_option_is_named_with_its_fix(options, name, fix):
-    experimental = ("frozen_update", "warmup_steps", "warmup_start_rate")
+    experimental = ("frozen_update", "warmup_start_rate")
     owner = r"ExperimentalOptions" if name in experimental else "SchedulerConfig"
     pattern = rf"{owner}\.{name} must be .*{fix}"
     with pytest.raises(ValueError, match=pattern):
@@ -140,13 +141,13 @@ def test_the_config_is_frozen_and_set_freeze_rate_replaces_it():
 
 
 def test_experimental_options_live_apart_and_the_shorthand_reaches_them():
-    sched = ILSScheduler(MLP(), 0.6, frozen_update="momentum", warmup_steps=3, score="absolute")
+    sched = ILSScheduler(MLP(), 0.6, frozen_update="momentum", warmup_start_rate=0.3, score="absolute")
     cfg = sched.config
-    assert cfg.experimental == ExperimentalOptions(frozen_update="momentum", warmup_steps=3, score="absolute")
+    assert cfg.experimental == ExperimentalOptions(frozen_update="momentum", warmup_start_rate=0.3, score="absolute")
     assert cfg.score == "relative" and cfg.effective_score == "absolute"
     assert cfg.replace(score="robust").effective_score == "robust"   # a main score replaces it
     main = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    assert not {"frozen_update", "warmup_steps"} & main and "update_scale" in main
+    assert not {"frozen_update", "warmup_start_rate"} & main and {"update_scale", "warmup_steps"} <= main
     with pytest.raises(ValueError, match="score='absolute' is experimental.*ExperimentalOptions"):
         SchedulerConfig(score="absolute")
     with pytest.raises(ValueError, match="not experimental"):
@@ -239,3 +240,32 @@ def test_every_field_is_checked_once_in_post_init():
     assert SchedulerConfig().version == C.CONFIG_VERSION
     with pytest.raises(TypeError):
         SchedulerConfig(version=2)                          # set by slimfit, not an argument
+
+
+def test_warmup_steps_auto_ramps_a_causal_lm_only():
+    """warmup_steps="auto" (the default): a causal LM's rate ramps from 0 over DECODER_WARMUP_STEPS; any other
+    model, or bare parameters, freeze at the rate from the first step."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from slimfit.scheduler.config import DECODER_WARMUP_STEPS
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32))
+    for model in (llama, gpt2):
+        sched = ILSScheduler(model, 0.7)
+        assert sched.config.warmup_steps == "auto" and sched.warmup_steps == DECODER_WARMUP_STEPS
+        assert sched.num_frozen == 0 and sched.current_rate() == 0.0   # nothing frozen at the first step
+        assert ILSScheduler(model, 0.7, warmup_steps=0).num_frozen > 0
+    encoder = ILSScheduler(MLP(), 0.5)
+    assert encoder.warmup_steps == 0 and encoder.num_frozen > 0
+    bare = ILSScheduler(list(llama.named_parameters()), 0.7)
+    assert bare.warmup_steps == 0
+
+
+def test_a_config_saved_before_auto_warmup_freezes_from_the_first_step():
+    old = SchedulerConfig(freeze_rate=0.5).to_dict()
+    del old["warmup_steps"]
+    assert SchedulerConfig.from_dict(old).warmup_steps == 0
+    nested = {**old, "experimental": {**old["experimental"], "warmup_steps": 7}}   # saved when experimental
+    assert SchedulerConfig.from_dict(nested).warmup_steps == 7

@@ -82,19 +82,23 @@ def render(p: Prediction, budget_bytes: float | None = None) -> str:
             lines += ["from slimfit.plan import StepSpec, scheduler_budget",
                       f"budget = scheduler_budget(StepSpec({_model_arg(spec)!r}, batch={spec.batch}, "
                       f"{_shape_arg(spec)}, dtype={spec.dtype!r}, preset={spec.preset!r}, rate={spec.rate!r}, "
-                      f"checkpointing={spec.checkpointing!r}{_in_backward_arg(spec)}{_frozen_state_arg(spec)}), "
+                      f"checkpointing={spec.checkpointing!r}{_in_backward_arg(spec)}"
+                      f"{_frozen_state_arg(spec, p.causal_lm)}), "
                       f"budget_bytes={int(budget_bytes)})",
                       f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer"
-                      f"{_frozen_state_arg(spec)}, **budget)"]
+                      f"{_frozen_state_arg(spec, p.causal_lm)}, **budget)"]
         else:
             lines.append(f"scheduler = ILSScheduler(model, freeze_rate={spec.rate!r}, optimizer=optimizer"
-                         f"{_frozen_state_arg(spec)})")
+                         f"{_frozen_state_arg(spec, p.causal_lm)})")
     return "\n".join(lines + [""] + _loop_lines(spec, device))
 
 
-def _frozen_state_arg(spec: StepSpec) -> str:
-    """The scheduler's optimizer_state argument unless it is the scheduler's default ("auto")."""
-    return "" if spec.optimizer_state == "auto" else f", optimizer_state={spec.optimizer_state!r}"
+def _frozen_state_arg(spec: StepSpec, causal_lm: bool = False) -> str:
+    """The scheduler's optimizer_state argument unless it is the scheduler's default ("auto"), and its
+    warmup_steps where the predicted step differs from the default's first ("auto" ramps a causal LM's rate)."""
+    state = "" if spec.optimizer_state == "auto" else f", optimizer_state={spec.optimizer_state!r}"
+    default = spec.warmup_steps == "auto" or (spec.warmup_steps == 0 and not causal_lm)
+    return state + ("" if default else f", warmup_steps={spec.warmup_steps!r}")
 
 
 def _in_backward_arg(spec: StepSpec) -> str:

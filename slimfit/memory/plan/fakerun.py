@@ -25,7 +25,7 @@ import dataclasses
 import time
 
 from .. import peak
-from ..models import ModelRef, resolve_model
+from ..models import CAUSAL_LM, ModelRef, resolve_model
 from .cost import CostCounter
 from .fake import PlanMode, cuda_attention_backends, masks_read_as_data, new_fake_mode
 from .spec import StepSpec
@@ -47,6 +47,8 @@ class Prediction:
     trained: int = 0
     layers: int = 0
     frozen_layers: int = 0
+    warmup_steps: int = 0       # the scheduler's ramp (resolved warmup_steps): this first step is its start
+    causal_lm: bool = False     # the model is a causal LM (the scheduler's default ramps its rate)
     flops: float = 0.0          # floating-point operations of the step (matmuls, attention, convolutions)
     bytes_moved: float = 0.0    # bytes read and written by its ops
     ops: int = 0
@@ -151,7 +153,9 @@ def predict_step(spec: StepSpec, ref: ModelRef | None = None, freeze_all: bool =
             memory = peak.measure_step(step.model, step.forward, step.optimizer, after_step=after,
                                        name=spec.label())
         counts = dict(params=step.params, optimized=step.optimized, trained=step.trained, layers=step.layers,
-                      frozen_layers=step.frozen_layers, checks_answered=mode.answered,
+                      frozen_layers=step.frozen_layers, warmup_steps=step.warmup_steps,
+                      causal_lm=step.ref.task == CAUSAL_LM,
+                      checks_answered=mode.answered,
                       lora_targets=step.lora_targets, lora_heads=step.lora_heads)
     memory.method = "predicted: fake tensors under the CPU storage tracker"
     return Prediction(spec, memory, flops=cost.flops, bytes_moved=cost.bytes, ops=cost.ops,

@@ -60,8 +60,10 @@ class FitResult:
 
 def candidates(base: StepSpec, lora_rank: int | None = None) -> list[StepSpec]:
     """The configurations --fit searches, at base's model, batch, shape, dtype and optimizer."""
+    # warmup_steps=0: each configuration's frozen set at its rate from the first step, so that the budget holds
+    # at every step (a causal LM's default ramp trains every layer first)
     plain = dict(preset="none", rate=0.0, lora=None, checkpointing=False, budget_bytes=None, frozen_state=None,
-                 step_in_backward=False)
+                 step_in_backward=False, warmup_steps=0)
     base = base.replace(**plain)
     out = [base.replace(preset=p, rate=r, checkpointing=c)
            for p, r, c in itertools.product(PRESETS, RATES, (False, True))]

@@ -51,6 +51,9 @@ class StepSpec:
                    optimizer_in_bwd; optimizer_state "host" needs it
     chunked_loss   a causal LM's loss through slimfit's chunked linear + cross-entropy (256 rows a chunk; no
                    B x S x vocab logits kept), without a preset too (torchtune's chunked CE); the presets do it
+    warmup_steps   with a rate: the scheduler's warmup_steps for the predicted step, its first: 0 (the default
+                   here) predicts the frozen set at the rate; "auto" (the scheduler's default: a causal LM's rate
+                   ramps from 0 over 100 steps) or N > 0 predicts the ramp's first step, the run's worst
     """
 
     model: Any
@@ -73,6 +76,7 @@ class StepSpec:
     frozen_state: str | None = dataclasses.field(default=_NO_FROZEN_STATE, compare=False, repr=False)
     step_in_backward: bool = False
     chunked_loss: bool = False
+    warmup_steps: int | str = 0
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -120,14 +124,23 @@ class StepSpec:
                        "needs a freeze rate")
         elif self.optimizer_state not in ("auto", "full") and self.optimizer != "adamw":
             out.append(f"optimizer_state={self.optimizer_state!r} holds AdamW's moments: use it with optimizer adamw")
-        for name in ("step_in_backward", "chunked_loss", "checkpointing"):
-            if not isinstance(getattr(self, name), bool):
-                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
+        out += self._switch_problems()
         if self.optimizer_state == "host" and not self.step_in_backward:
             out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
                        "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
+        return out
+
+    def _switch_problems(self) -> list[str]:
+        """What is wrong with warmup_steps and the on/off fields."""
+        out = []
+        steps = self.warmup_steps
+        if not (steps == "auto" or (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0)):
+            out.append(f"warmup_steps must be 'auto' or an int >= 0, got {steps!r}")
+        for name in ("step_in_backward", "chunked_loss", "checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
         return out
 
     @property
@@ -176,7 +189,8 @@ class StepSpec:
         """A short name of the configuration's choices (not the model or the batch)."""
         parts = [self.preset if self.preset != "none" else "plain"]
         if self.rate:
-            parts.append(f"rate {self.rate:g}")
+            parts.append(f"rate {self.rate:g}" + ("" if self.warmup_steps == 0 else
+                                                  f", the first step of its ramp (warmup_steps={self.warmup_steps!r})"))
         if self.lora:
             parts.append(f"LoRA r{self.lora}")
         if self.checkpointing:

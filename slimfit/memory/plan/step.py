@@ -13,10 +13,11 @@ The step is the one of a run in its steady state, as a user writes it:
      steps, so each has its moments; the adapters with LoRA), lr 0 (the weights stay as they are; the step
      does all of AdamW's work), foreach on CUDA as torch picks there; its state made beforehand, as in every
      step after the first;
-  3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed) attached to the optimizer: its
-     first frozen set is applied (the frozen layers' moments held as the spec's optimizer_state says), its
-     weight snapshots of the trained layers are live, and its step() runs after the optimizer's (scores, next
-     frozen set).
+  3. with a freeze rate, ILSScheduler(model, freeze_rate=rate, seed=seed, warmup_steps=spec.warmup_steps)
+     attached to the optimizer: its first frozen set is applied (the run's worst step: under a rate ramp,
+     a causal LM's default, nothing is frozen yet; the frozen layers' moments held as the spec's
+     optimizer_state says), its weight snapshots of the trained layers are live, and its step() runs after the
+     optimizer's (scores, next frozen set).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Step:
     optimized: int = 0          # parameters the optimizer holds state for
     trained: int = 0            # parameters that get a gradient this step
     frozen_layers: int = 0      # scheduled layers frozen this step
+    warmup_steps: int = 0       # the scheduler's rate ramp in steps (resolved): this step is its first
     layers: int = 0             # scheduled layers
     lora_targets: tuple = ()    # LoRA: the target modules and the modules trained in full (the task head)
     lora_heads: tuple = ()
@@ -179,6 +181,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
     off_device = fake and held == "offload" and spec.device == "cuda"
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
+                             warmup_steps=0 if freeze_all else spec.warmup_steps,
                              optimizer_state=from_frozen_state(None if off_device else mode))
     names = tuple(scheduler.names)
     transfer = None
@@ -261,6 +264,7 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
     step.trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if scheduler is not None:
         step.layers, step.frozen_layers = scheduler.num_layers, len(scheduler.frozen_names())
+        step.warmup_steps = scheduler.warmup_steps
     try:
         yield step
     finally:
