@@ -20,8 +20,8 @@ and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: 
   slimfit + step in backward + ckpt, 8-bit  the same with checkpointing and the step in backward;
   slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
                     trained parameter's copied in for its step and back (lossless; what a paged optimizer does
-                    under pressure). `host s` is that traffic's time at HOST_BYTES_PER_S each way (a PCIe Gen5
-                    x16 link's practical rate), which the plan's step time leaves out;
+                    under pressure). `host s` is that traffic's time (plan/cost.py's host_traffic_seconds: 25 GB/s
+                    each way, a PCIe Gen5 x16 link's practical rate), which the plan's step time leaves out;
 with the step time of plan/cost.py (nominal H100-class rates: for ranking, not a benchmark).
 """
 from __future__ import annotations
@@ -40,7 +40,6 @@ NAME = "llm_plan"
 GiB = 2 ** 30
 FIELDS = ["model", "batch", "seq", "row", "peak_gib", "weights_gib", "grads_gib", "state_gib", "saved_gib",
           "transient_gib", "peak_phase", "est_step_s", "host_s", "plan_s"]
-HOST_BYTES_PER_S = 25e9   # host <-> device, each way: a PCIe Gen5 x16 link's practical rate (nominal 64 GB/s)
 # (model, batch, seq): the public recipes' shapes first (torchtune's README), then the other shipped configs
 CASES = [("llama-3.1-8b", 2, 2048), ("llama-3.2-3b", 2, 4096), ("qwen2.5-0.5b", 1, 1024),
          ("llama-3.2-1b", 1, 1024), ("qwen2.5-1.5b", 1, 1024), ("qwen2.5-7b", 2, 2048)]
@@ -74,12 +73,13 @@ def predict_row(model: str, batch: int, seq: int, fields: dict, device: str) -> 
 
 
 def _host_seconds(spec, p) -> str:
-    """The host traffic of optimizer_state="host" per step: each trained parameter's two moments (in the
-    weights' dtype, as torch makes them) copied in and out, at HOST_BYTES_PER_S each way; "-" for other rows."""
+    """The host traffic of optimizer_state="host" per step (plan/cost.py's host_traffic_seconds: each trained
+    parameter's two moments, in the weights' dtype as torch makes them, in and out); "-" for other rows."""
+    from slimfit.memory.plan.cost import host_traffic_seconds
+
     if spec.optimizer_state != "host":
         return "-"
-    moment_bytes = 2 if spec.weight_dtype in ("bfloat16", "float16") else 4
-    return f"{p.trained * 2 * moment_bytes / HOST_BYTES_PER_S:.2f}"
+    return f"{host_traffic_seconds(p.trained, 2 if spec.weight_dtype in ('bfloat16', 'float16') else 4):.2f}"
 
 
 def fit_row(model: str, batch: int, seq: int, budget: str, device: str) -> dict:

@@ -81,9 +81,9 @@ HOST_LINK_BYTES_PER_S = 25e9
 
 def host_traffic_seconds(trained_params: float, moment_bytes: int) -> float:
     """Seconds a step spends moving the two moments of `trained_params` parameters (each `moment_bytes` an
-    element) to the device and back, at HOST_LINK_BYTES_PER_S each way (in and out overlap: one direction's time
-    twice, as a link shared by both directions)."""
-    return trained_params * 2 * moment_bytes * 2 / HOST_LINK_BYTES_PER_S
+    element) to the device and back, at HOST_LINK_BYTES_PER_S each way: PCIe is full duplex, so the copies out
+    (on a side stream) overlap the copies in, and one direction's bytes set the time."""
+    return trained_params * 2 * moment_bytes / HOST_LINK_BYTES_PER_S
 
 
 def step_seconds(flops: float, bytes_moved: float, ops: int, device: str = "cpu", dtype: str = "fp32") -> float:
