@@ -188,7 +188,8 @@ def frozen_set(model, rate: float, seed: int = 0, scheduled_kinds=None) -> tuple
     from slimfit.scheduler import ILSScheduler
 
     archs.set_frozen(model, ())  # candidates are the parameters that require grad
-    scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, scheduled_kinds=scheduled_kinds)
+    # warmup_steps=0: the frozen set at the rate (a causal LM's default ramp freezes nothing at first)
+    scheduler = ILSScheduler(model, freeze_rate=rate, seed=seed, scheduled_kinds=scheduled_kinds, warmup_steps=0)
     frozen, candidates = scheduler.frozen_names(), list(scheduler.names)
     del scheduler  # its first-forward hook holds it weakly: nothing is frozen later
     archs.set_frozen(model, ())

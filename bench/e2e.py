@@ -177,7 +177,7 @@ def build_method(arch, method: Method, device: str):
 
         # the optimizer's state as AdamW makes it, said explicitly: the activation comparison stays the same
         # whatever the scheduler's default (bench/frontier.py has the 8-bit frozen state's whole step)
-        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, seed=0, frozen_state=None)
+        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, seed=0, frozen_state=None, warmup_steps=0)
     return model, scheduler, on_step
 
 

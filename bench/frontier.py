@@ -212,7 +212,8 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
 
             # the state as the method names it (slimfit-<preset>: in full; +q8: the frozen layers' 8-bit;
             # +q8all: every layer's 8-bit, the scheduler's default), attached by hand below
-            scheduler = ILSScheduler(model, seed=0, frozen_state=None)
+            # warmup_steps=0: the frozen set at the rate, the steady state (a causal LM's ramp: docs/fidelity.md)
+            scheduler = ILSScheduler(model, seed=0, frozen_state=None, warmup_steps=0)
     params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(method, model, params)
     if scheduler is not None:

@@ -47,7 +47,7 @@ def measure_row(arch: str, batch: int, seq: int, rate: float, kwargs: dict, mode
     # prime=False: the state measured is what the two trained steps left (some of it compressed), not made up
     setup = _measure.Setup(model, _measure.inputs(model, arch, batch, seq), optimizer=opt, prime=False)
     setup.step()                                    # every layer trains once: real state everywhere
-    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=mode)
+    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=mode, warmup_steps=0)
     setup.after_step = sched.step
     setup.step()
     run = _measure.measure(setup, _measure.What(saved=False)).peak

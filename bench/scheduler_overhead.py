@@ -56,7 +56,7 @@ def hidden_states_loss(out):
 def run_config(device, rate, score, args, frozen_state="none"):
     model, batch = build(device, args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
-    sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt,
+    sched = ILSScheduler(model, freeze_rate=rate, score=score, optimizer=opt, warmup_steps=0,
                          frozen_state=None if frozen_state == "none" else frozen_state)
     setup = _measure.Setup(model, batch, optimizer=opt, loss_fn=hidden_states_loss)
     train, step = _measure.time_interleaved(setup, [sched.step], warmup=args.warmup, reps=args.steps)

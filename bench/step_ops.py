@@ -213,7 +213,8 @@ def build_optimizer(model, row: str):
     scheduler = None
     if row in SLIMFIT_ROWS:
         options = {} if row == "slimfit" else {"frozen_state": None}
-        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, optimizer=opt, **options)
+        # warmup_steps=0: the steady state's frozen set (a causal LM's default ramp trains every layer at first)
+        scheduler = ILSScheduler(model, freeze_rate=FREEZE_RATE, optimizer=opt, warmup_steps=0, **options)
     return opt, scheduler
 
 
