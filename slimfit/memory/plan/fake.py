@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake", "fake_batch", "masks_read_as_data"]
+__all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake", "fake_batch", "masks_read_as_data",
+           "fake_parameters"]
 
 SMALL_NUMEL = 4096
 
@@ -79,6 +80,21 @@ def masks_read_as_data():
         yield
     finally:
         import_utils.is_fake_tensor = original
+
+
+def fake_parameters(model, fake_mode) -> int:
+    """Make every parameter of `model` that was made for real (a small one: SMALL_NUMEL) fake, tied ones once;
+    how many were. A step mixes them with fake tensors in in-place updates (an optimizer's foreach step over
+    pieces of several parameters), which the fake mode refuses for a real leaf that requires grad."""
+    made: dict = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or is_fake(p):
+                continue
+            if id(p) not in made:
+                made[id(p)] = torch.nn.Parameter(fake_mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+            module._parameters[name] = made[id(p)]
+    return len(made)
 
 
 def _small_fake(out) -> bool:

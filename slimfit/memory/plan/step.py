@@ -118,13 +118,18 @@ def _add_lora(model, ref: ModelRef, rank: int):
     return get_peft_model(model, config)
 
 
-def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
-    """The model of the spec: checkpointing, LoRA and the preset applied, on its device."""
+def _build(spec: StepSpec, ref: ModelRef, fake=None):
+    """The model of the spec: checkpointing, LoRA and the preset applied, on its device. fake: the FakeTensorMode
+    of a prediction (every parameter fake, the small ones made for real too: fake.fake_parameters)."""
     import slimfit
     from slimfit.config import SlimFitConfig
 
     model = build_model(ref, attn=spec.attn, layers=spec.layers, image_size=spec.image_size, seed=spec.seed,
-                        init=not fake, dtype=spec.weight_dtype)
+                        init=fake is None, dtype=spec.weight_dtype)
+    if fake is not None:
+        from .fake import fake_parameters
+
+        fake_parameters(model, fake)
     if spec.checkpointing:
         model.config.use_cache = False
         if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5 name
@@ -137,7 +142,7 @@ def _build(spec: StepSpec, ref: ModelRef, fake: bool = False):
         slimfit.patch(model, SlimFitConfig.preset(spec.preset))
     elif spec.chunked_loss:   # the chunked loss alone (the presets chunk it already): nothing else compressed
         slimfit.patch(model, SlimFitConfig(dropout="torch", lm_head_chunk_rows=CHUNKED_LOSS_ROWS))
-    return model if spec.device == "cpu" or fake else model.to(spec.device)
+    return model if spec.device == "cpu" or fake is not None else model.to(spec.device)
 
 
 def _optimizer(spec: StepSpec, model, fake: bool = False):
@@ -248,7 +253,7 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
         raise ValueError("open_step: the spec asks for the scheduler's budget mode (budget_bytes); pass "
                          "budget=slimfit.plan.scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes)")
     with _building(fake):
-        model = _build(spec, ref, fake=fake is not None)
+        model = _build(spec, ref, fake=fake)
         optimizer = _optimizer(spec, model, fake=fake is not None)
     # a fake run stays on the CPU whatever the spec's device (docs/plan.md: what a CUDA prediction is)
     run_device = "cpu" if fake is not None else spec.device
