@@ -69,13 +69,29 @@ FORTUNE_TOPICS = (("people", " people"), ("definitions", " definitions"), ("cook
 FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Answer:")
 
 
+# Suffixes of this benchmark alone: +bf16, the model held in bf16 weights (AdamW's moments in bf16 too, as torch
+# makes them); +wsr, the scheduler's chunked step writes bf16 weights by stochastic rounding (weight_rounding).
+DTYPE_SUFFIXES = ("+bf16", "+wsr")
+
+
+def _weights(spec: str) -> tuple[str, bool, bool]:
+    """(the spec without DTYPE_SUFFIXES, bf16 weights, stochastic weight rounding)."""
+    core = spec
+    for suffix in DTYPE_SUFFIXES:
+        core = core.replace(suffix, "")
+    return core, "+bf16" in spec, "+wsr" in spec
+
+
 def _method(spec: str) -> tuple[str | None, float, dict]:
     """'full' -> (None, 0, {}); 'paper@0.7+q8' -> ('paper', 0.7, {'frozen_state': 'compress'}): the accuracy
     benchmark's spec names (bench/accuracy.parse_spec), the preset None for full fine-tuning (full+bnb8 too: its
-    optimizer is bench/accuracy.spec_optimizer's)."""
+    optimizer is bench/accuracy.spec_optimizer's); +bf16 / +wsr (DTYPE_SUFFIXES) are read by run_one."""
     from bench.accuracy import BNB8, SPEC_DEFAULTS, parse_spec
 
+    spec, _, stochastic = _weights(spec)
     name, rate, options = parse_spec(spec)
+    if stochastic:
+        options["weight_rounding"] = "stochastic"
     if name in ("full", BNB8):
         return None, 0.0, {}
     # what the spec does not name is bench/accuracy.py's SPEC_DEFAULTS (frozen_state=None unless +q8 / +q8all ...)
@@ -126,8 +142,11 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
         options["warmup_steps"] = round(options.pop("warmup_share") * args.steps)
     torch.manual_seed(seed)
     model = copy.deepcopy(base_model)
+    if _weights(spec)[1]:
+        model.to(torch.bfloat16)
     model.train()
-    prepared = prepare_preset(preset, rate, scheduler_options=options, optimizer=spec_optimizer(spec))(model, seed)
+    prepared = prepare_preset(preset, rate, scheduler_options=options,
+                              optimizer=spec_optimizer(_weights(spec)[0]))(model, seed)
     measured = {}
     result = train_and_evaluate(prepared, lambda idx: enc.train_batch([train[i] for i in idx]), len(train),
                                 steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed, device="cpu",
