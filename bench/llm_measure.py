@@ -8,10 +8,12 @@ measured on the CPU against `slimfit plan`'s prediction of the same step.
     python -m bench.llm_measure --quick --out-dir /tmp/x   # a tiny decoder (the smoke test)
 
 Each row is one StepSpec (slimfit/memory/plan/) at batch 1, seq 1024, bf16 weights (AdamW's moments in bf16, as
-torch makes them), predicted on fake tensors and then run for real: one untracked step (warm-up), one timed
-step, then the measured one (slimfit.memory.measure_step: every storage, sampled after every op). error =
-(predicted - measured) / measured; the target is 5%. Time is one step's wall time on one thread, relative to
-the plain row of the same model in the same run (noisy: for the ratio, not the seconds). Rows:
+torch makes them), predicted on fake tensors and then run for real: the step the plan predicts (the first,
+AdamW's state made beforehand, the scheduler's first frozen set) measured (slimfit.memory.measure_step: every
+storage, sampled after every op), one untracked step timed, and a third step measured again (`later`: the
+scheduler's frozen set chosen by its scores, the held state re-encoded by real steps). error = (predicted -
+measured) / measured; the target is 5%. Time is one step's wall time on one thread, relative to the plain row
+of the same model in the same run (noisy: for the ratio, not the seconds). Rows:
   plain             torch AdamW, sdpa attention;
   torchtune recipe  checkpointing + the optimizer step in backward + chunked CE, with torch's AdamW: torchao's
                     AdamW8bit compiles its step with fullgraph=True, which refuses to run under the tracker's
@@ -35,7 +37,7 @@ from bench import _results
 
 NAME = "llm_measure"
 MiB = 2 ** 20
-FIELDS = ["model", "batch", "seq", "row", "predicted_mib", "measured_mib", "error_pct", "step_s", "time_vs_plain",
+FIELDS = ["model", "batch", "seq", "row", "predicted_mib", "measured_mib", "error_pct", "step_s", "later_mib",
           "predicted_phase", "measured_phase", "device_name", "torch", "commit", "date"]
 CASES = [("qwen2.5-0.5b", 1, 1024), ("llama-3.2-1b", 1, 1024)]
 QUICK = [("llama-tiny", 1, 32)]
@@ -57,15 +59,17 @@ def measure_row(model: str, batch: int, seq: int, fields: dict) -> dict:
     spec = StepSpec(model, batch=batch, seq=seq, dtype="bf16", **{"rate": 0.0, **fields})
     predicted = predict(spec)
     with open_step(spec) as step:
-        run_step(step)
+        measured = peak.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step,
+                                     name=spec.label())
         start = time.perf_counter()
         run_step(step)
         seconds = time.perf_counter() - start
-        measured = peak.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step,
-                                     name=spec.label())
+        later = peak.measure_step(step.model, step.forward, step.optimizer, after_step=step.after_step,
+                                  name=spec.label())
     error = 100.0 * (predicted.total - measured.total) / measured.total
     return {"model": model, "batch": batch, "seq": seq, "predicted_mib": f"{predicted.total / MiB:.1f}",
             "measured_mib": f"{measured.total / MiB:.1f}", "error_pct": f"{error:+.2f}", "step_s": f"{seconds:.2f}",
+            "later_mib": f"{later.total / MiB:.1f}",
             "predicted_phase": predicted.memory.peak_phase, "measured_phase": measured.peak_phase,
             "device_name": _results.device_name("cpu"), "torch": _results.versions()["torch"],
             "commit": _results.commit_label(), "date": _results.now()}
@@ -74,10 +78,10 @@ def measure_row(model: str, batch: int, seq: int, fields: dict) -> dict:
 def markdown(rows: list[dict], argv: list[str]) -> str:
     """The results file: what was run, the table (time relative to the model's plain row), the error's range."""
     plain = {r["model"]: float(r["step_s"]) for r in rows if r["row"] == "plain bf16, AdamW"}
-    head = ["model", "b", "seq", "configuration", "predicted MiB", "measured MiB", "error", "step time vs plain",
-            "peak in (predicted / measured)"]
+    head = ["model", "b", "seq", "configuration", "predicted MiB", "measured MiB", "error", "a later step MiB",
+            "step time vs plain", "peak in (predicted / measured)"]
     body = [[r["model"], r["batch"], r["seq"], r["row"], r["predicted_mib"], r["measured_mib"], f"{r['error_pct']}%",
-             f"{float(r['step_s']) / plain[r['model']]:.2f}x" if r["model"] in plain else "-",
+             r["later_mib"], f"{float(r['step_s']) / plain[r['model']]:.2f}x" if r["model"] in plain else "-",
              f"{r['predicted_phase']} / {r['measured_phase']}"] for r in rows]
     errors = [abs(float(r["error_pct"])) for r in rows]
     lines = ["# slimfit plan against the measured step: real-width decoders, bf16 weights (CPU)", "",
@@ -86,7 +90,7 @@ def markdown(rows: list[dict], argv: list[str]) -> str:
              "One whole step (forward, backward, optimizer step, zero_grad, the scheduler's step) of every layer, "
              "random weights; bench/llm_measure.py's docstring says what each row is. Step time: one step on one "
              "thread after a warm-up, relative to the model's plain row in the same run.", ""]
-    lines += _results.md_table(head, body, right={4, 5, 6, 7})
+    lines += _results.md_table(head, body, right={4, 5, 6, 7, 8})
     if errors:
         lines += ["", f"Largest |error|: {max(errors):.2f}% over {len(errors)} rows (target 5%)."]
     return "\n".join(lines) + "\n"
