@@ -49,8 +49,8 @@ def _chunked_step(scheduler, optimizer) -> Optional[ChunkedStep]:
     nothing of this optimizer); bf16 / fp16 weights rounded as config.weight_rounding says."""
     config = scheduler.config
     step = attach_chunked_step(optimizer, config.step_chunk_numel, scheduler.step_observer)
-    if config.weight_rounding != "nearest":
-        step.set_weight_rounding(config.weight_rounding, scheduler.run_seed)
+    if config.effective_weight_rounding != "nearest":
+        step.set_weight_rounding(config.effective_weight_rounding, scheduler.run_seed)
     if step.active:
         return step
     step.remove()

@@ -31,7 +31,7 @@ With a holder (``FrozenState(between_steps=True)``, ``SchedulerConfig(frozen_sta
 parameter's moments stay 8-bit between steps and are decoded a piece at a time inside this step
 (held_step.py): an 8-bit AdamW, lossy.
 
-``weight_rounding="stochastic"`` (``SchedulerConfig.weight_rounding``; off by default) computes each piece's
+``weight_rounding="stochastic"`` (``SchedulerConfig.weight_rounding``; the scheduler's default) computes each piece's
 update in fp32 and writes bf16 / fp16 weights by stochastic rounding (weight_rounding.py), so updates below
 half an ulp of a weight are kept in expectation instead of lost; fp32 weights are the same either way.
 """

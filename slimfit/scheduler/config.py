@@ -84,8 +84,10 @@ RUNTIME_FIELDS = ("layers", "activation_bytes", "distributed", "process_group", 
 # as its optimizer_state name.
 _NO_FROZEN_STATE = "<frozen_state not given>"
 # weight_rounding: how the chunked step writes bf16 / fp16 weights: "nearest" (torch's step, bit for bit) or
-# "stochastic" (the update computed in fp32, the weight rounded stochastically: slimfit/optim/weight_rounding.py).
+# "stochastic" (the update computed in fp32, the weight rounded stochastically: slimfit/optim/weight_rounding.py);
+# the config's "auto" is "stochastic" under the chunked step (effective_weight_rounding).
 WEIGHT_ROUNDINGS = ("nearest", "stochastic")
+AUTO_WEIGHT_ROUNDING = "auto"
 # What to_dict writes for a value only the saving process has (a callable, a process group).
 NOT_SAVED = "<not saved: an object of the saving process>"
 
@@ -195,7 +197,7 @@ def _process_group(cfg, value):
 
 
 def _weight_rounding(cfg, value):
-    value = _choice(_C, "weight_rounding", value, WEIGHT_ROUNDINGS)
+    value = _choice(_C, "weight_rounding", value, (AUTO_WEIGHT_ROUNDING, *WEIGHT_ROUNDINGS))
     if value == "stochastic" and cfg.step_chunk_numel is None:
         raise _error(_C, "weight_rounding", "'nearest' when step_chunk_numel is None (the stochastic rounding is "
                      "done by the chunked step)", value, "keep step_chunk_numel (the default, 2**20)")
@@ -360,11 +362,14 @@ class SchedulerConfig(ConfigBase):
                        layers are scored as they are updated, so neither torch's temporaries the size of the
                        largest (CPU) or of every (CUDA foreach) trained parameter nor the weight snapshots
                        exist (slimfit.optim.ChunkedStep; docs/optim.md). None: the optimizer's own step.
-    weight_rounding    how the chunked step writes bf16 / fp16 weights: "nearest" (the default: torch's step
-                       bit for bit; an update below half a bf16 ulp of a weight is lost) or "stochastic" (each
-                       piece's update computed in fp32, the weight rounded to a neighbour with the probability
-                       that makes its expectation the fp32 result, seeded from the run's seed; as torchao's
-                       bf16_stochastic_round; docs/optim.md). fp32 weights are the same either way.
+    weight_rounding    how the chunked step writes bf16 / fp16 weights: "stochastic" (each piece's update
+                       computed in fp32, the weight rounded to a neighbour with the probability that makes its
+                       expectation the fp32 result, seeded from the run's seed; as torchao's
+                       bf16_stochastic_round; docs/optim.md) or "nearest" (torch's step bit for bit; an update
+                       below half a bf16 ulp of a weight is lost: 11 points of the two-answer decoder protocol
+                       in bf16 weights, docs/fidelity.md). "auto" (the default): "stochastic" under the chunked
+                       step, "nearest" without it (step_chunk_numel=None). fp32 weights are the same either way.
+                       A config saved without the field loads as "nearest", as that run rounded.
     experimental       ExperimentalOptions: options measured neutral or harmful, off by default.
     version            the format of to_dict(); set by slimfit, not an argument.
 
@@ -395,7 +400,7 @@ class SchedulerConfig(ConfigBase):
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
     step_chunk_numel: Optional[int] = DEFAULT_STEP_CHUNK_NUMEL
-    weight_rounding: str = "nearest"
+    weight_rounding: str = AUTO_WEIGHT_ROUNDING
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)
     # optimizer_state's older name, read as it (not a field: to_dict writes optimizer_state); the attribute
@@ -442,6 +447,14 @@ class SchedulerConfig(ConfigBase):
         """state_mode() where the step can hold every state, in frozen_state's names ("compress_all",
         "compress", "offload" or None), for code written against those names."""
         return to_frozen_state(self.state_mode("every"))
+
+    @property
+    def effective_weight_rounding(self) -> str:
+        """How the chunked step writes bf16 / fp16 weights: weight_rounding with "auto" resolved ("stochastic"
+        under the chunked step, "nearest" without one)."""
+        if self.weight_rounding != AUTO_WEIGHT_ROUNDING:
+            return self.weight_rounding
+        return "nearest" if self.step_chunk_numel is None else "stochastic"
 
     @property
     def effective_score(self) -> str:
@@ -535,6 +548,7 @@ class SchedulerConfig(ConfigBase):
         _optimizer_state_from_dict(values)
         values.setdefault("state_code", "linear8")
         values.setdefault("warmup_steps", 0)   # saved before "auto": that run froze from its first step
+        values.setdefault("weight_rounding", "nearest")   # and rounded its bf16 weights to nearest
         values.update(changes)
         lost = sorted(k for k, v in values.items() if isinstance(v, str) and v == NOT_SAVED)
         if lost:

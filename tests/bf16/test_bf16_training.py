@@ -70,13 +70,16 @@ def test_scheduler_defaults_train_the_low_precision_decoder(dtype, hyper):
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_chunked_step_is_torch_adamw_on_bf16_weights_bit_for_bit(foreach, weight_decay):
     """Scheduler off (rate 0, frozen_state None), pieces of 4096 elements (every matrix split, small
-    parameters packed): weights and moments equal plain AdamW's on the bf16 model after every step."""
+    parameters packed), the weights rounded to nearest as torch rounds them (weight_rounding="nearest"; the
+    default, "auto", rounds them stochastically): weights and moments equal plain AdamW's on the bf16 model
+    after every step."""
     base = slimfit.patch(build_decoder(), slimfit.SlimFitConfig.paper())
     ids = batch()
     ref, got = clone(base), clone(base)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=weight_decay, foreach=foreach)
     opt = torch.optim.AdamW(got.parameters(), lr=LR, weight_decay=weight_decay, foreach=foreach)
-    sched = slimfit.ILSScheduler(got, optimizer=opt, freeze_rate=0.0, frozen_state=None, step_chunk_numel=4096)
+    sched = slimfit.ILSScheduler(got, optimizer=opt, freeze_rate=0.0, frozen_state=None, step_chunk_numel=4096,
+                                 weight_rounding="nearest")
     for _ in range(4):
         _train(ref, ref_opt, None, ids, steps=1)
         _train(got, opt, sched, ids, steps=1)

@@ -116,8 +116,34 @@ def test_scheduler_option_moves_the_norms_nearest_leaves_still():
     assert moved["nearest"] == 0 and moved["stochastic"] > 0
 
 
+def test_the_default_rounds_bf16_weights_stochastically():
+    """ILSScheduler's default (weight_rounding="auto") moves the weights that nearest rounding leaves where they
+    are, as "stochastic" does, bit for bit."""
+    ids = batch()
+    weights = {}
+    for rounding in ("auto", "stochastic"):
+        model = slimfit.patch(build_decoder(), slimfit.SlimFitConfig.paper())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = slimfit.ILSScheduler(model, optimizer=opt, seed=3, **({} if rounding == "auto" else
+                                                                     {"weight_rounding": rounding}))
+        for _ in range(3):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        weights[rounding] = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(weights["auto"], weights["stochastic"]))
+
+
 def test_config_checks():
-    assert slimfit.SchedulerConfig().weight_rounding == "nearest"
+    """The default, "auto", is stochastic under the chunked step and nearest without it; a config saved
+    without the field rounds to nearest, as that run did."""
+    config = slimfit.SchedulerConfig()
+    assert config.weight_rounding == "auto" and config.effective_weight_rounding == "stochastic"
+    assert slimfit.SchedulerConfig(step_chunk_numel=None).effective_weight_rounding == "nearest"
+    saved = config.to_dict()
+    del saved["weight_rounding"]
+    assert slimfit.SchedulerConfig.from_dict(saved).effective_weight_rounding == "nearest"
     with pytest.raises(ValueError, match="weight_rounding must be one of"):
         slimfit.SchedulerConfig(weight_rounding="sr")
     with pytest.raises(ValueError, match="weight_rounding must be 'nearest' when step_chunk_numel is None"):
