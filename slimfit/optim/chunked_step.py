@@ -45,11 +45,11 @@ import torch
 
 from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 
-from .held_step import copies, counts_of, is_held, new_held_state, report_pieces, step_held
+from .held_step import copies, counts_of, is_held, new_held_state, report_pieces, step_held, step_numbers
 from .keys import held_key
 from .moments import plain_tensor
 from .torch_adam import adam_step, lr_factors, scaled_group
-from .weight_rounding import WeightRounding, adam_step_rounded, check_weight_rounding
+from .weight_rounding import ROUNDED_DTYPES, WeightRounding, adam_step_rounded, check_weight_rounding
 
 __all__ = ["ChunkedStep", "attach_chunked_step", "for_optimizer", "run_last", "DEFAULT_STEP_CHUNK_NUMEL"]
 
@@ -146,6 +146,9 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
     amsgrad = group["amsgrad"]
     watched = [observer is not None and observer.wants(p) for p in ps]
     last: list = [None] * len(ps)   # every piece of a parameter starts from its step count, moved at the end
+    if rounding is not None and not any(p.dtype in ROUNDED_DTYPES for p in ps):
+        rounding = None   # fp32 weights: nothing to round, and no step count to read on the host per piece
+    numbers = None if rounding is None else step_numbers(steps)
     for factor, batch in _factor_runs(ps, lr_factors(observer, ps), chunk_numel):
         views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
@@ -158,7 +161,7 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
             adam_step(optimizer, scaled_group(group, factor), *args)
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
-                              [rounding.seed(ps[i], steps[i], a) for i, a, _ in batch])
+                              [rounding.seed(ps[i], numbers[i], a) for i, a, _ in batch])
         for j, (i, _, _) in enumerate(batch):
             last[i] = counts[j]
         if olds:

@@ -17,9 +17,9 @@ import torch
 from . import codec
 from .keys import Q8
 from .torch_adam import adam_step, lr_factors, scaled_group
-from .weight_rounding import adam_step_rounded
+from .weight_rounding import ROUNDED_DTYPES, adam_step_rounded
 
-__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces", "copies", "counts_of"]
+__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces", "copies", "counts_of", "step_numbers"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
 _MAX = ("max_exp_avg_sq", True)
@@ -119,6 +119,11 @@ def _seed(holder, p, key: str, step: float, start: int) -> int:
     return holder.seed_for(p, key, {"step": step}, start=start)
 
 
+def step_numbers(steps) -> list:
+    """The step counts (0-d tensors) as numbers, read on the host once for all (one stack, one transfer)."""
+    return torch.stack(steps).tolist() if len({s.device for s in steps}) == 1 else [float(s) for s in steps]
+
+
 @torch.no_grad()
 def step_held(optimizer, group, params, chunk_numel: int, observer, holder, rounding=None) -> None:
     """torch's Adam step of ``params`` (held, each with a gradient), a batch of pieces at a time; gradients
@@ -132,7 +137,9 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
     moments = held_moments(group)
     states = [optimizer.state[p] for p in params]
     steps = [st["step"] for st in states]
-    numbers = torch.stack(steps).tolist() if len({s.device for s in steps}) == 1 else [float(s) for s in steps]
+    numbers = step_numbers(steps)
+    if rounding is not None and not any(p.dtype in ROUNDED_DTYPES for p in params):
+        rounding = None   # fp32 weights: nothing to round
     watched = [observer is not None and observer.wants(p) for p in params]
     last: list = [None] * len(params)
     for factor, batch in _batches(params, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8):
