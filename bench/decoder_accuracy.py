@@ -140,13 +140,13 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     preset, rate, options = _method(spec)
     if "warmup_share" in options:   # +warmNN: the rate's ramp over NN% of the steps, as bench/accuracy.py does
         options["warmup_steps"] = round(options.pop("warmup_share") * args.steps)
+    core, bf16, _ = _weights(spec)
     torch.manual_seed(seed)
     model = copy.deepcopy(base_model)
-    if _weights(spec)[1]:
+    if bf16:
         model.to(torch.bfloat16)
     model.train()
-    prepared = prepare_preset(preset, rate, scheduler_options=options,
-                              optimizer=spec_optimizer(_weights(spec)[0]))(model, seed)
+    prepared = prepare_preset(preset, rate, scheduler_options=options, optimizer=spec_optimizer(core))(model, seed)
     measured = {}
     result = train_and_evaluate(prepared, lambda idx: enc.train_batch([train[i] for i in idx]), len(train),
                                 steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed, device="cpu",

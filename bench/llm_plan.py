@@ -79,7 +79,7 @@ def _host_seconds(spec, p) -> str:
 
     if spec.optimizer_state != "host":
         return "-"
-    return f"{host_traffic_seconds(p.trained, 2 if spec.weight_dtype in ('bfloat16', 'float16') else 4):.2f}"
+    return f"{host_traffic_seconds(p.trained, spec.moment_bytes):.2f}"
 
 
 def fit_row(model: str, batch: int, seq: int, budget: str, device: str) -> dict:

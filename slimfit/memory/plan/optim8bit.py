@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["available", "make", "optimizer_class", "state_tensors", "FakeAdamW8bit", "BLOCK", "MIN_QUANTIZED"]
+__all__ = ["available", "optimizer_class", "state_tensors", "FakeAdamW8bit", "BLOCK", "MIN_QUANTIZED"]
 
 BLOCK = 256
 MIN_QUANTIZED = 4096
@@ -31,13 +31,9 @@ def available() -> bool:
     return True
 
 
-def make(params):
-    """torchao's AdamW8bit over `params`, lr 0 (as the planned step's AdamW)."""
-    return optimizer_class()(params, lr=0.0)
-
-
 def optimizer_class() -> type:
-    """torchao's AdamW8bit class (step_in_backward builds one per parameter)."""
+    """torchao's AdamW8bit class (the planned step builds it over the parameters, lr 0, or one per parameter
+    under step_in_backward)."""
     from torchao.optim import AdamW8bit
 
     return AdamW8bit

@@ -159,12 +159,11 @@ def _estimate_group(spec: StepSpec, ref: ModelRef, depth: int, rates,
         except Exception:  # noqa: BLE001 - nothing to schedule without layers: the shallow model as it is
             first_frozen = first
     out = []
-    moment_bytes = 4 if spec.weight_dtype == "float32" else 2
     for rate in rates:
         f, b, o, r, n, w = _line(first, trained, depth - low, rate, frozen, first_frozen)
         seconds = step_seconds(f, b, o, device, dtype)
         if frozen_state == "offload_all":   # every trained parameter's moments in from the host and back out;
-            seconds += host_traffic_seconds(n, moment_bytes)   # none stays resident (the shallow trained runs,
+            seconds += host_traffic_seconds(n, spec.moment_bytes)   # none stays resident (the shallow trained runs,
             r = w                                              # without a scheduler, keep theirs)
         out.append((seconds, int(r)))
     return out

@@ -161,6 +161,11 @@ class StepSpec:
         return {"bf16": "bfloat16", "fp16": "float16"}.get(self.dtype, "float32")
 
     @property
+    def moment_bytes(self) -> int:
+        """Bytes an element of one of AdamW's moments takes: the weights' dtype, as torch makes them."""
+        return 4 if self.weight_dtype == "float32" else 2
+
+    @property
     def autocast(self) -> bool:
         """Whether the forward runs under bf16 autocast (dtype bf16-autocast)."""
         return self.dtype == "bf16-autocast"

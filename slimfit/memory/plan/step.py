@@ -147,25 +147,22 @@ def _build(spec: StepSpec, ref: ModelRef, fake=None):
 
 def _optimizer(spec: StepSpec, model, fake: bool = False):
     """AdamW (lr 0) over the parameters that ever train, state made beforehand (8-bit: torchao's, or its
-    stand-in in a fake run, optim8bit.py)."""
+    stand-in in a fake run, optim8bit.py); one per parameter, stepped inside backward, with step_in_backward."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.optimizer == "adamw8bit":
-        from .optim8bit import FakeAdamW8bit, make, optimizer_class
+        from .optim8bit import FakeAdamW8bit, optimizer_class
 
-        if spec.step_in_backward:
-            from ...optim import step_in_backward
-
-            optimizer = step_in_backward(params, FakeAdamW8bit if fake else optimizer_class(), lr=0.0)
-        else:
-            optimizer = FakeAdamW8bit(params) if fake else make(params)
-    elif spec.step_in_backward:
+        cls, options = (FakeAdamW8bit if fake else optimizer_class()), {"lr": 0.0}
+    else:
+        cls, options = torch.optim.AdamW, {"lr": 0.0, "foreach": spec.device == "cuda"}
+    if spec.step_in_backward:
         from ...optim import step_in_backward
 
-        optimizer = step_in_backward(params, torch.optim.AdamW, lr=0.0, foreach=spec.device == "cuda")
+        optimizer = step_in_backward(params, cls, **options)
     else:
-        optimizer = torch.optim.AdamW(params, lr=0.0, foreach=spec.device == "cuda")
+        optimizer = cls(params, **options)
     runs.prime_optimizer(optimizer)
     return optimizer
 
