@@ -236,7 +236,7 @@ def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> Non
 
 # At least this many ranges of alike linear entries are decoded by one dequantize over their concatenated
 # codes (three concatenations and one kernel, instead of one kernel per range).
-CONCAT_DECODE_MIN = 4
+CONCAT_DECODE_MIN = 2
 
 
 def _concat_key(entry: dict, start: int, end: int):
@@ -308,35 +308,119 @@ def decode_ranges(ranges) -> list:
     return [x if x.dtype == entry["dtype"] else x.to(entry["dtype"]) for x, (entry, _, _) in zip(out, ranges)]
 
 
+# At least this many ranges of alike entries are encoded by one kernel over their concatenation.
+CONCAT_ENCODE_MIN = 2
+
+
+def _encode_key(entry: dict, x: torch.Tensor):
+    """What ranges encoded together must share (None: encoded alone): the code and its format, the rounding,
+    and the values' device and dtype; a linear entry's tensors as encode wrote them. 4-bit codes are encoded
+    alone (two to a byte: a range's last byte would carry a neighbour's code)."""
+    if _dynamic(entry):
+        if int(entry["bits"]) != 8:
+            return None
+        return ("dynamic", int(entry["group_size"]), bool(entry["sqrt"]), dynamic_code.rounds_stochastically(entry),
+                x.device, x.dtype)
+    if _concat_key(entry, 0, 0) is None:
+        return None
+    return ("linear", int(entry["group_size"]), bool(entry["sqrt"]), bool(entry["stochastic"]), x.device, x.dtype)
+
+
+def _padded_concat(xs, group_size: int) -> tuple[torch.Tensor, list, list]:
+    """The flat ``xs`` one after another, each padded to whole groups by repeating its last value (a group's
+    minimum, maximum and absolute maximum stay its own values'), with each range's size and padding."""
+    sizes = [x.numel() for x in xs]
+    pads = [-n % group_size for n in sizes]
+    parts = []
+    for x, pad in zip(xs, pads):
+        flat = x.reshape(-1)
+        parts += [flat] + ([flat[-1:].expand(pad)] if pad else [])
+    return torch.cat(parts), sizes, pads
+
+
+def _split(t: torch.Tensor, sizes, pads, per: int = 1) -> list:
+    """The ranges' parts of a concatenation's per-element (``per`` 1) or per-group (``per``: the group size)
+    tensor, padding dropped."""
+    out, at = [], 0
+    for n, pad in zip(sizes, pads):
+        out.append(t[at // per: at // per + -(-n // per)])
+        at += n + pad
+    return out
+
+
+def _encode_together(items, copy) -> None:
+    """Alike ranges (entry, start, x, seed) encoded by one kernel over their padded concatenation, rounded
+    from the first range's seed (the first range gets what it gets alone with that seed; the others the
+    same stream further on); the new codes, scales and maxima handed to ``copy(dst, src)``."""
+    entry, seed = items[0][0], items[0][3]
+    gs = int(entry["group_size"])
+    x, sizes, pads = _padded_concat([x for _, _, x, _ in items], gs)
+    if _dynamic(entry):
+        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), gs, BITS,
+                                               dynamic_code.rounds_stochastically(entry), seed)
+        per_group = {"absmax": _split(absmax.view(-1), sizes, pads, gs)}
+    else:
+        q = quantize(x, bits=BITS, group_size=gs, stochastic=bool(entry["stochastic"]), seed=seed)
+        codes = q.codes
+        per_group = {"scale": _split(q.scale.view(-1), sizes, pads, gs),
+                     "offset": _split(q.offset.view(-1), sizes, pads, gs)}
+    for j, (codes_j, (e, start, x_j, _)) in enumerate(zip(_split(codes.view(-1), sizes, pads), items)):
+        end = start + x_j.numel()
+        a, b = _group_range(e, start, end)
+        copy(e["codes"].view(-1)[start:end], codes_j)
+        for key, parts in per_group.items():
+            copy(e[key][a:b], parts[j])
+
+
+def _encode_alone(entry: dict, start: int, x: torch.Tensor, seed: int, copy) -> None:
+    """encode_range_ of one range (a linear second moment's ``x`` already its root), the new codes, scales
+    and maxima handed to ``copy(dst, src)``."""
+    end = start + x.numel()
+    a, b = _group_range(entry, start, end)
+    if _dynamic(entry):
+        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), int(entry["bits"]),
+                                               dynamic_code.rounds_stochastically(entry), seed)
+        copy(entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)], codes.view(-1))
+        copy(entry["absmax"][a:b], absmax.view(-1))
+        return
+    q = quantize(x, bits=BITS, group_size=int(entry["group_size"]), stochastic=bool(entry["stochastic"]), seed=seed)
+    copy(entry["codes"].view(-1)[start:end], q.codes.view(-1))
+    copy(entry["scale"][a:b], q.scale.view(-1))
+    copy(entry["offset"][a:b], q.offset.view(-1))
+
+
 @torch.no_grad()
 def encode_ranges_(items) -> None:
-    """``encode_range_(entry, start, x, seed=seed)`` of each (entry, start, x, seed) in ``items``, the same
-    entries; the linear second moments' square roots taken by multi-tensor ops (in place: an fp32 ``x`` of a
-    second moment is used as scratch), the new codes, scales and maxima copied into the entries by one
-    multi-tensor copy per dtype."""
+    """Each (entry, start, x, seed) in ``items`` encoded into elements [start, start + x.numel()) of its entry,
+    as a held step's call encodes its pieces: ranges of alike entries (CONCAT_ENCODE_MIN or more; same code,
+    format, rounding, device and dtype, 8-bit) by one kernel over their concatenation, each padded to whole
+    groups with its last value, rounded stochastically from the first such range's seed (each range's
+    groups are its own; a range alone gets exactly what ``encode_range_(entry, start, x, seed=seed)``
+    writes); the others one at a time as encode_range_. The linear second moments' square roots are taken by
+    multi-tensor ops (in place: an fp32 ``x`` of a second moment is used as scratch), the new codes, scales
+    and maxima copied into the entries by one multi-tensor copy per dtype."""
+    items = list(items)
     roots = [i for i, (entry, _, _, _) in enumerate(items) if entry["sqrt"] and not _dynamic(entry)]
     xs = {i: items[i][2].detach().float() for i in roots}
     if roots:
         torch._foreach_clamp_min_(list(xs.values()), 0)   # as _quantized: -0.0 or -tiny kept out of NaN
         torch._foreach_sqrt_(list(xs.values()))
+    # a linear second moment's root is coded without a further root: its values are the roots now
+    items = [(e, a, xs.get(i, x.detach()), seed) for i, (e, a, x, seed) in enumerate(items)]
     copies: dict = {}
 
     def copy(dst, src):
         copies.setdefault((dst.dtype, src.dtype, dst.device), []).append((dst, src))
 
-    for i, (entry, start, x, seed) in enumerate(items):
-        end = start + x.numel()
-        a, b = _group_range(entry, start, end)
-        if _dynamic(entry):
-            codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]),
-                                                   int(entry["bits"]), dynamic_code.rounds_stochastically(entry), seed)
-            copy(entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)], codes.view(-1))
-            copy(entry["absmax"][a:b], absmax.view(-1))
+    together: dict = {}
+    for i, (entry, _, x, _) in enumerate(items):
+        key = _encode_key(entry, x)
+        together.setdefault(i if key is None else key, []).append(i)
+    for idx in together.values():
+        if len(idx) >= CONCAT_ENCODE_MIN:
+            _encode_together([items[i] for i in idx], copy)
             continue
-        q = quantize(xs.get(i, x.detach()), bits=BITS, group_size=int(entry["group_size"]),
-                     stochastic=bool(entry["stochastic"]), seed=seed)
-        copy(entry["codes"].view(-1)[start:end], q.codes.view(-1))
-        copy(entry["scale"][a:b], q.scale.view(-1))
-        copy(entry["offset"][a:b], q.offset.view(-1))
+        for i in idx:
+            _encode_alone(*items[i], copy)
     for pairs in copies.values():
         torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])

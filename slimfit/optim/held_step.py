@@ -4,9 +4,10 @@ With ``FrozenState(between_steps=True)`` on a plain optimizer, every parameter's
 too) are held as codec.py's 8-bit entries from one step to the next. The ChunkedStep then updates such a
 parameter piece by piece: it decodes the piece's moments, runs torch's functional Adam on the piece (the
 group's hyperparameters, the parameter's own step count), and encodes the moments back into the entries
-(each piece with its own stochastic-rounding seed). So no moment is ever in full: an 8-bit AdamW made of
-slimfit's kernels, whose temporaries are a few pieces. A parameter's first step makes its entries directly
-(all-zero codes decode to exactly 0, as torch's zero state), never a full zero tensor.
+(the pieces of one call together, rounded stochastically from the seed of the call's first piece). So no
+moment is ever in full: an 8-bit AdamW made of slimfit's kernels, whose temporaries are a few pieces. A
+parameter's first step makes its entries directly (all-zero codes decode to exactly 0, as torch's zero
+state), never a full zero tensor.
 
 Lossy at every step (codec.py's bounds; what it costs in accuracy: docs/fidelity.md).
 """
@@ -132,8 +133,10 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
 
     Launches: a batch packs pieces of several parameters (at most about ``chunk_numel`` elements in all)
     into one call of torch's functional Adam, its moments decoded and encoded by codec.decode_ranges /
-    encode_ranges_ (one dequantize and one quantize per piece and moment, the rest multi-tensor), and every
-    step count is read on the host once per call (the encoding seeds), not once per piece."""
+    encode_ranges_ (one dequantize and one quantize per moment over the call's pieces concatenated, the rest
+    multi-tensor; a moment's pieces in one call are rounded from the seed of the call's first piece, the
+    stream running on over the others), and every step count is read on the host once per call (the
+    encoding seeds), not once per piece."""
     moments = held_moments(group)
     states = [optimizer.state[p] for p in params]
     steps = [st["step"] for st in states]

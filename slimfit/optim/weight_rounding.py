@@ -9,15 +9,16 @@ neighbouring bf16 values with the probability that makes the expectation the fp3
 tenth of an ulp then moves the weight by one ulp one time in ten.
 
 ``adam_step_rounded`` is the chunked step's update of one batch of pieces with that rounding: the pieces'
-weights, gradients and moments are copied to fp32 (a piece at a time: the chunked step bounds them), torch's
-functional Adam runs on the copies (the group's hyperparameters, as ``adam_step``), the moments go back to
+weights, gradients and moments are copied to fp32 (a call's pieces at a time: the chunked step bounds them),
+torch's functional Adam runs on the copies (the group's hyperparameters, as ``adam_step``), the moments go back to
 their own dtype rounded to nearest (as torch's own bf16 step rounds them) and the weights stochastically.
 fp32 weights are updated in place as ``adam_step`` updates them (nothing to round).
 
 The random bits are slimfit's counter-based words (slimfit.kernels.rng): a function of (seed, element index),
 so a step is deterministic given its seed and is the same on every device and every replica. The chunked step
 derives one seed per piece from the run's seed, the parameter's place in the optimizer, its step count and the
-piece's first element (``piece_seed``): a run resumed from a checkpoint rounds as the uninterrupted one did.
+piece's first element (``piece_seed``), and rounds the pieces of one call as one stream from the first piece's
+seed: a run resumed from a checkpoint rounds as the uninterrupted one did.
 """
 from __future__ import annotations
 
@@ -82,31 +83,50 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Te
     return torch.where(torch.isfinite(near) & torch.isfinite(x), out, near)
 
 
-def _fp32(ts: list) -> list:
-    """fp32 copies of the bf16 / fp16 tensors of ``ts``; fp32 ones (and Nones) as they are."""
-    return [t.float() if t is not None and t.dtype in ROUNDED_DTYPES else t for t in ts]
+def _fp32(ts: list) -> tuple[list, list]:
+    """fp32 copies of the bf16 / fp16 tensors of ``ts`` (fp32 ones and Nones as they are), and the buffers
+    behind them: the tensors of one dtype and device are copied by one concatenation and one cast (two ops,
+    not one per tensor), each copy a view of its buffer. Buffers: (dtype, buffer, indices into ``ts``)."""
+    out, runs = list(ts), {}
+    for i, t in enumerate(ts):
+        if t is not None and t.dtype in ROUNDED_DTYPES:
+            runs.setdefault((t.dtype, t.device), []).append(i)
+    buffers = []
+    for (dtype, _), idx in runs.items():
+        buf = (ts[idx[0]].reshape(-1) if len(idx) == 1 else torch.cat([ts[i].reshape(-1) for i in idx])).float()
+        for i, view in zip(idx, buf.split([ts[i].numel() for i in idx])):
+            out[i] = view.view(ts[i].shape)
+        buffers.append((dtype, buf, idx))
+    return out, buffers
 
 
 def _write_back(dsts: list, srcs: list) -> None:
+    """Each src copied (cast) into its dst where it is a copy, by one multi-tensor copy per dtype pair."""
+    pairs: dict = {}
     for dst, src in zip(dsts, srcs):
         if dst is not None and src is not dst:
-            dst.copy_(src)
+            pairs.setdefault((dst.dtype, dst.device), []).append((dst, src))
+    for same in pairs.values():
+        torch._foreach_copy_([d for d, _ in same], [s for _, s in same])
 
 
 def adam_step_rounded(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
                       seeds) -> None:
     """``adam_step`` with the weights written by stochastic rounding (see the module docstring): the update
-    computed in fp32 on copies of bf16 / fp16 pieces, the moments rounded back to nearest, each weight rounded
-    stochastically with its seed in ``seeds`` (one per param)."""
+    computed in fp32 on copies of bf16 / fp16 pieces, the moments rounded back to nearest, the weights
+    rounded stochastically. ``seeds`` has one seed per piece; the pieces of one dtype are rounded together, as
+    one stream from the seed of the first of them (each piece at its own place in the stream: one rounding
+    for the call, not one per piece)."""
     if not any(p.dtype in ROUNDED_DTYPES for p in params):
         adam_step(optimizer, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
         return
-    p32, m32, v32 = _fp32(params), _fp32(exp_avgs), _fp32(exp_avg_sqs)
-    mx32 = _fp32(max_exp_avg_sqs) if group["amsgrad"] else max_exp_avg_sqs
-    adam_step(optimizer, group, p32, _fp32(grads), m32, v32, mx32, steps)
-    for p, x, seed in zip(params, p32, seeds):
-        if x is not p:
-            p.copy_(round_stochastic(x, p.dtype, seed))
+    (p32, weights), (m32, _), (v32, _) = _fp32(params), _fp32(exp_avgs), _fp32(exp_avg_sqs)
+    mx32 = _fp32(max_exp_avg_sqs)[0] if group["amsgrad"] else max_exp_avg_sqs
+    adam_step(optimizer, group, p32, _fp32(grads)[0], m32, v32, mx32, steps)
+    for dtype, buf, idx in weights:
+        rounded = round_stochastic(buf, dtype, seeds[idx[0]])
+        parts = rounded.split([params[i].numel() for i in idx])
+        torch._foreach_copy_([params[i] for i in idx], [r.view(params[i].shape) for i, r in zip(idx, parts)])
     _write_back(exp_avgs, m32)
     _write_back(exp_avg_sqs, v32)
     if group["amsgrad"]:

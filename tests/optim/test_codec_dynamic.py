@@ -8,7 +8,7 @@ import torch
 from _optim_models import build, data, frozen_params, loss_of, plain_twin, train
 
 from slimfit.kernels import qmaps
-from slimfit.optim import ChunkedStep, FrozenState, attach_frozen_state, codec
+from slimfit.optim import ChunkedStep, FrozenState, attach_frozen_state, codec, held_step
 from slimfit.optim.keys import Q8
 from slimfit.scheduler import ILSScheduler
 
@@ -275,8 +275,8 @@ def _step(model, opt, batch):
 @pytest.mark.parametrize("bits", BITS)
 def test_a_step_from_dynamic_entries_is_torch_s_step_from_their_decoded_values(bits, stochastic):
     """The held step's weights are torch's step from the decoded moments bit for bit; its entries are torch's new
-    moments coded whole (nearest) or each 1024-element piece coded alone with the holder's seed of that piece,
-    parameter, moment and step (stochastic: seed_for)."""
+    moments coded whole (nearest) or each call's pieces coded together from the holder's seeds (stochastic:
+    _entries_are_the_calls_encodings)."""
     model, opt, _, holder = _held_setup(bits, stochastic=stochastic)   # 200x200 weights in 40 pieces of 1024
     for s in range(3):
         _step(model, opt, data(seed=s))
@@ -294,11 +294,29 @@ def test_a_step_from_dynamic_entries_is_torch_s_step_from_their_decoded_values(b
                 whole = codec.encode(new, sqrt=sqrt, seed=0, code="dynamic", bits=bits, stochastic=False)
                 assert torch.equal(entry["codes"], whole["codes"]) and torch.equal(entry["absmax"], whole["absmax"])
                 continue
-            flat, before = new.reshape(-1), {"step": float(opt.state[p]["step"]) - 1}
-            for a in range(0, flat.numel(), 1024):
-                seed = holder.seed_for(p, key, before, start=a)
-                alone = codec.encode(flat[a:a + 1024], sqrt=sqrt, seed=seed, code="dynamic", bits=bits)
-                assert torch.equal(codec.decode_range(entry, a, min(a + 1024, flat.numel())), codec.decode(alone))
+    if stochastic:
+        _entries_are_the_calls_encodings(model, opt, ref, ref_opt, holder)
+
+
+def _entries_are_the_calls_encodings(model, opt, ref, ref_opt, holder):
+    """Each call of the held step (held_step._batches: the 1024-element pieces, small parameters packed)
+    encodes torch's new moments of its pieces as codec.encode_ranges_ does, with the holder's seed of each
+    piece, parameter, moment and step (seed_for; the call's first piece's seed rounds its alike pieces)."""
+    params = list(model.parameters())
+    twin = dict(zip(params, ref.parameters()))
+    states = [opt.state[p] for p in params]
+    before = {"step": float(states[0]["step"]) - 1}
+    calls = list(held_step._batches(params, states, [1.0] * len(params), 1024, "exp_avg" + Q8))
+    assert any(len(call) > 1 for _, call in calls)   # packed calls: the seed rule is seen
+    for _, call in calls:
+        for key, sqrt in (("exp_avg", False), ("exp_avg_sq", True)):
+            copies = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in states[i][key + Q8].items()}
+                      for i, _, _ in call}
+            codec.encode_ranges_([(copies[i], a, ref_opt.state[twin[params[i]]][key].reshape(-1)[a:b],
+                                   holder.seed_for(params[i], key, before, start=a)) for i, a, b in call])
+            for i, a, b in call:
+                got = codec.decode_range(states[i][key + Q8], a, b)
+                assert torch.equal(got, codec.decode_range(copies[i], a, b)), (key, i, a)
 
 
 @pytest.mark.parametrize("bits", BITS)

@@ -77,7 +77,7 @@ def _scheduled_run(frozen_state, seed=0):
 
 
 # The seeds' spread on this toy (final loss of compress_all over the plain run's, per model seed 0-5, at 1 and
-# 2 threads, Intel Xeon): linear8 0.59-1.50 (std 0.27), dynamic8 (the default code) 0.45-1.79 (std 0.36); the
+# 2 threads, Intel Xeon): linear8 (the default code) 0.59-1.50 (std 0.27), dynamic8 0.45-1.79 (std 0.36); the
 # means' ratio 0.97 / 0.82 (linear8, 1 / 2 threads) and 0.94 / 1.04 (dynamic8). One run's outcome is chaotic
 # (LayerNorm's backward sums in another order at 2 threads, and a rounding decision turns that last bit into
 # another run), so only the mean over the seeds is compared, with three standard errors of margin:
