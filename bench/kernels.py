@@ -51,7 +51,7 @@ from slimfit.kernels.validation import num_groups, packed_code_bytes, topk_index
 OPS = (
     "quantize", "dequantize", "topk_prune", "topk_restore",
     "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout",
-    "quantize_blockwise", "dequantize_blockwise",
+    "quantize_blockwise", "dequantize_blockwise", "round_stochastic",
 )
 MASK_OPS = ("pack_bits", "unpack_bits", "dropout_mask")  # no float input: measured once, dtype "bool"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -143,6 +143,10 @@ def build_cases(ops, numel: int, dtypes, device) -> list[Case]:
             elif op == "seeded_dropout":
                 cases.append(Case(op, f"p={DROPOUT_P}", name, numel, (x, DROPOUT_P, SEED),
                                   numel * es, numel * es))
+            elif op == "round_stochastic" and dt == torch.float32:   # fp32 in, a 16-bit float out
+                for out in (torch.bfloat16, torch.float16):
+                    cases.append(Case(op, f"to {str(out).split('.')[-1]}", name, numel, (x, out, SEED),
+                                      numel * es, numel * 2))
     if any(op in MASK_OPS for op in ops):
         mask = torch.rand(numel, device=gen_device) < 0.5
         packed = reference.pack_bits(mask)

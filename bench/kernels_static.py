@@ -296,6 +296,15 @@ def _triton_variants(quick: bool):
                  "k0": "i32", "k1": "i32", "BLOCK": "constexpr"}, const={"BLOCK": dr.BLOCK},
             num_warps=dr.NUM_WARPS, elems=dr.BLOCK, loops=[], target=None,
         )
+    rs = importlib.import_module("slimfit.kernels.triton.round_stochastic")
+    for kernel, fn, x_ptr, out_ptr in (("round_stochastic", rs._round_bf16_kernel, "*i32", "*i16"),
+                                       ("round_stochastic", rs._round_fp16_kernel, "*fp32", "*fp16")):
+        yield dict(
+            kernel=kernel, fn=fn, variant="bf16" if out_ptr == "*i16" else "fp16",
+            sig={"x_ptr": x_ptr, "out_ptr": out_ptr, "n_elements": "i32", "k0": "i32", "k1": "i32",
+                 "BLOCK": "constexpr"}, const={"BLOCK": rs.BLOCK},
+            num_warps=rs.NUM_WARPS, elems=rs.BLOCK, loops=[], target=None,
+        )
 
 
 def _blockwise_variants(quick: bool, big: int, ptr: dict, in_dtypes):

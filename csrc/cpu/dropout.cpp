@@ -29,20 +29,6 @@ void check_p(double p, const char* op) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "slimfit::", op, ": p must be in [0, 1], got ", p);
 }
 
-// Calls body(i0, i1, lo0, hk1) over [begin, end) cut at multiples of 2**32, so that the
-// high half of the index is constant inside each call: element i0 + j has low half
-// lo0 + j, and hk1 = hi32(i0) ^ k1.
-template <typename F>
-inline void for_each_segment(int64_t begin, int64_t end, uint32_t k1, const F& body) {
-  constexpr int64_t kSpan = int64_t(1) << 32;
-  while (begin < end) {
-    const int64_t seg_end = std::min(end, (begin / kSpan + 1) * kSpan);
-    const uint64_t ub = static_cast<uint64_t>(begin);
-    body(begin, seg_end, static_cast<uint32_t>(ub), static_cast<uint32_t>(ub >> 32) ^ k1);
-    begin = seg_end;
-  }
-}
-
 at::Tensor dropout_mask_cpu(const at::Tensor& like, double p, int64_t seed) {
   TORCH_CHECK(like.device().is_cpu(), "slimfit::dropout_mask (CPU kernel): expected a CPU tensor, got ",
               like.device());
@@ -54,7 +40,7 @@ at::Tensor dropout_mask_cpu(const at::Tensor& like, double p, int64_t seed) {
   const float pf = static_cast<float>(p);
   uint8_t* dst = reinterpret_cast<uint8_t*>(out.data_ptr<bool>());
   at::parallel_for(0, n, kGrainElements, [&](int64_t b, int64_t e) {
-    for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
+    cpu::for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
       alignas(64) float u[kChunk];
       for (int64_t c0 = i0; c0 < i1; c0 += kChunk) {
         const int64_t len = std::min(kChunk, i1 - c0);
@@ -70,7 +56,7 @@ at::Tensor dropout_mask_cpu(const at::Tensor& like, double p, int64_t seed) {
 template <typename T>
 void seeded_dropout_impl(const T* x, int64_t n, float pf, float factor, rng::SeedKeys keys, T* y) {
   at::parallel_for(0, n, kGrainElements, [&](int64_t b, int64_t e) {
-    for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
+    cpu::for_each_segment(b, e, keys.k1, [&](int64_t i0, int64_t i1, uint32_t lo0, uint32_t hk1) {
       alignas(64) float buf[kChunk];
       alignas(64) float u[kChunk];
       alignas(64) uint32_t bits[kChunk];

@@ -16,5 +16,9 @@ SLIMFIT_CPU_CLONES void uniform_span(uint32_t lo, uint32_t k0, uint32_t hk1, int
   for (int64_t j = 0; j < len; ++j) u[j] = rng::word_to_uniform(rng::word_hk(lo + static_cast<uint32_t>(j), k0, hk1));
 }
 
+SLIMFIT_CPU_CLONES void word_span(uint32_t lo, uint32_t k0, uint32_t hk1, int64_t len, uint32_t* w) {
+  for (int64_t j = 0; j < len; ++j) w[j] = rng::word_hk(lo + static_cast<uint32_t>(j), k0, hk1);
+}
+
 }  // namespace cpu
 }  // namespace slimfit

@@ -34,6 +34,7 @@ SCHEMAS = {
                           "int seed=0) -> (Tensor, Tensor)",
     "dequantize_blockwise": "dequantize_blockwise(Tensor codes, Tensor absmax, Tensor qmap, int block_size, "
                             "SymInt[] shape, ScalarType dtype) -> Tensor",
+    "round_stochastic": "round_stochastic(Tensor x, ScalarType dtype, int seed) -> Tensor",
 }
 
 
@@ -83,6 +84,11 @@ def _quantize_blockwise_fake(x, qmap, block_size, stochastic=False, seed=0):
 @torch.library.register_fake("slimfit::dequantize_blockwise")
 def _dequantize_blockwise_fake(codes, absmax, qmap, block_size, shape, dtype):
     return codes.new_empty(tuple(shape), dtype=dtype)
+
+
+@torch.library.register_fake("slimfit::round_stochastic")
+def _round_stochastic_fake(x, dtype, seed):
+    return x.new_empty(x.shape, dtype=dtype)
 
 
 @torch.library.register_fake("slimfit::topk_prune")
@@ -171,7 +177,7 @@ torch.library.register_autograd("slimfit::topk_prune", _prune_backward, setup_co
 torch.library.register_autograd("slimfit::topk_restore", _restore_backward, setup_context=_restore_setup)
 torch.library.register_autograd("slimfit::quantize", _no_gradient("quantize"), setup_context=_nothing)
 torch.library.register_autograd("slimfit::dequantize", _no_gradient("dequantize"), setup_context=_nothing)
-for _op in ("quantize_blockwise", "dequantize_blockwise"):
+for _op in ("quantize_blockwise", "dequantize_blockwise", "round_stochastic"):
     torch.library.register_autograd(f"slimfit::{_op}", _no_gradient(_op), setup_context=_nothing)
 
 

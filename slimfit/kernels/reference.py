@@ -79,6 +79,18 @@ pack_bits: element i of the flattened mask is bit i % 8 of byte i // 8.
 dropout_mask: keep element i when rng.uniform(seed, i) >= p.
 seeded_dropout: y = x * float32(1 / (1 - p)) where kept (in fp32, cast back), else 0;
 p == 1 gives zeros.
+
+round_stochastic (an fp32 tensor to bfloat16 or float16, unbiased: E[y] = x for every finite x whose nearest
+rounding is finite), element i drawing from rng.random_words(seed, i):
+    bfloat16: b = the bits of x (int32), t = b & 0xFFFF0000 (x truncated toward zero), w = word & 0xFFFF;
+              y = the bf16 whose fp32 bits are t + 0x10000 if w < (b & 0xFFFF) else t
+              (one bf16 ulp away from zero with probability (low 16 bits of x) / 2**16)
+    float16:  n = x rounded to nearest (fp16), o = nextafter(n, +inf if n < x else -inf), lo = min(n, o),
+              hi = max(n, o) (in fp32); p = (x - lo) / (hi - lo) (fp32); y = hi if u < p else lo,
+              u = rng.uniform(seed, i)
+    either:   y = x rounded to nearest where x is not finite or that rounding is not (NaN, +-inf kept;
+              a value past the format's largest stays with round-to-nearest's infinity)
+y has x's shape (contiguous).
 """
 from __future__ import annotations
 
@@ -270,3 +282,33 @@ def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     if p >= 1.0:
         return torch.zeros_like(x, memory_format=torch.contiguous_format)
     return apply_keep(x, dropout_mask(x, p, seed), p)
+
+
+_LOW16 = 0xFFFF
+_TRUNC16 = -0x10000   # int32 mask of the high 16 bits (0xFFFF0000)
+
+
+def _round_bf16(x: torch.Tensor, seed: int) -> torch.Tensor:
+    bits = x.reshape(-1).view(torch.int32)
+    draw = (rng.random_words(seed, bits.numel(), x.device) & _LOW16).to(torch.int32)
+    trunc = bits & _TRUNC16
+    up = torch.where(draw < (bits & _LOW16), trunc + 0x10000, trunc)
+    return up.view(torch.float32).to(torch.bfloat16).view(x.shape)   # low 16 bits zero: the cast is exact
+
+
+def _round_fp16(x: torch.Tensor, seed: int) -> torch.Tensor:
+    near = x.to(torch.float16)
+    nf = near.float()
+    toward = torch.where(nf < x, torch.inf, -torch.inf).to(torch.float16)
+    other = torch.nextafter(near, toward).float()
+    lo, hi = torch.minimum(nf, other), torch.maximum(nf, other)
+    p_up = (x - lo) / (hi - lo)
+    u = rng.uniform(seed, x.numel(), x.device).view(x.shape)
+    return torch.where(u < p_up, hi, lo).to(torch.float16)
+
+
+def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    x = x.contiguous()
+    near = x.to(dtype)
+    out = (_round_bf16 if dtype == torch.bfloat16 else _round_fp16)(x, seed)
+    return torch.where(torch.isfinite(near) & torch.isfinite(x), out, near)

@@ -277,6 +277,14 @@ def op_seeded_dropout(x, p, seed) -> None:
     _op_p("seeded_dropout", p)
 
 
+def op_round_stochastic(x, dtype, seed) -> None:
+    if x.dtype != torch.float32:
+        raise TypeError(f"slimfit::round_stochastic: x must be float32 (the values to round), got {x.dtype}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"slimfit::round_stochastic: rounds to bfloat16 or float16, got {dtype}; float32 "
+                        "values need no rounding")
+
+
 # ---------------------------------------------------------------- block-wise dynamic quantization
 BLOCKWISE_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 QMAP_LEVELS = (16, 256)   # 4- or 8-bit codes
@@ -365,4 +373,5 @@ OP_CHECKS = {
     "topk_restore": op_topk_restore, "pack_bits": op_pack_bits, "unpack_bits": op_unpack_bits,
     "dropout_mask": op_dropout_mask, "seeded_dropout": op_seeded_dropout,
     "quantize_blockwise": op_quantize_blockwise, "dequantize_blockwise": op_dequantize_blockwise,
+    "round_stochastic": op_round_stochastic,
 }

@@ -26,7 +26,7 @@ import hashlib
 
 import torch
 
-from slimfit.kernels.rng import random_words, uniform
+import slimfit.kernels  # noqa: F401  (registers torch.ops.slimfit.round_stochastic)
 from slimfit.scheduler.config import WEIGHT_ROUNDINGS
 
 from .torch_adam import adam_step
@@ -35,8 +35,6 @@ __all__ = ["WEIGHT_ROUNDINGS", "ROUNDED_DTYPES", "round_stochastic", "adam_step_
            "WeightRounding", "check_weight_rounding"]
 
 ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
-_LOW16 = 0xFFFF
-_TRUNC16 = -0x10000   # int32 mask of the high 16 bits (0xFFFF0000)
 
 
 def piece_seed(seed: int, index: int, step: int, start: int) -> int:
@@ -46,41 +44,17 @@ def piece_seed(seed: int, index: int, step: int, start: int) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") % 2**62
 
 
-def _bf16(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """fp32 -> bf16 keeping the high 16 bits and adding one bf16 ulp (away from zero) with probability
-    (low 16 bits) / 2**16: exactly the fraction of the way ``x`` lies from the truncated value to the next."""
-    bits = x.reshape(-1).view(torch.int32)
-    draw = (random_words(seed, bits.numel(), x.device) & _LOW16).to(torch.int32)
-    trunc = bits & _TRUNC16
-    up = torch.where(draw < (bits & _LOW16), trunc + 0x10000, trunc)
-    return up.view(torch.float32).to(torch.bfloat16).view(x.shape)   # low 16 bits zero: the cast is exact
-
-
-def _fp16(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """fp32 -> fp16: the two fp16 neighbours of ``x`` (nearest and the next one past ``x``), the upper one
-    taken with probability (x - lower) / (upper - lower) (fp16's spacing varies: subnormals, exponents)."""
-    near = x.to(torch.float16)
-    nf = near.float()
-    toward = torch.where(nf < x, torch.inf, -torch.inf).to(torch.float16)
-    other = torch.nextafter(near, toward).float()
-    lo, hi = torch.minimum(nf, other), torch.maximum(nf, other)
-    p_up = (x - lo) / (hi - lo)
-    u = uniform(seed, x.numel(), x.device).view(x.shape)
-    return torch.where(u < p_up, hi, lo).to(torch.float16)
-
-
 def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """``x`` (fp32) rounded to ``dtype`` (bf16 or fp16) stochastically and without bias: E[result] = x for
     every finite x in range. Values already representable stay; inf, NaN and values whose nearest rounding
-    overflows round to nearest."""
+    overflows round to nearest. One kernel (``torch.ops.slimfit.round_stochastic``: C++ on the CPU, Triton
+    on a GPU; its formulas in slimfit/kernels/reference.py)."""
     if x.dtype != torch.float32:
         raise TypeError(f"round_stochastic: x must be float32 (the fp32 update), got {x.dtype}")
     if dtype not in ROUNDED_DTYPES:
         raise TypeError(f"round_stochastic: rounds to bfloat16 or float16, got {dtype}; fp32 weights need no "
                         "rounding")
-    near = x.to(dtype)
-    out = (_bf16 if dtype == torch.bfloat16 else _fp16)(x.contiguous(), seed)
-    return torch.where(torch.isfinite(near) & torch.isfinite(x), out, near)
+    return torch.ops.slimfit.round_stochastic(x, dtype, int(seed))
 
 
 def _fp32(ts: list) -> tuple[list, list]:

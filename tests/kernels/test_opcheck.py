@@ -23,6 +23,8 @@ def _table():
         ("dropout_mask", (x, 0.2, 3)),
         ("seeded_dropout", (xh, 0.2, 3)),
         ("seeded_dropout", (randn((6, 7)), 0.25, 3)),
+        ("round_stochastic", (x, torch.bfloat16, 3)),
+        ("round_stochastic", (randn((2, 3, 5)), torch.float16, 2**40 + 5)),
     ]
     # every dtype with every shape, both argument sets; every output dtype
     for dtype, shape in itertools.product(FLOATS, [(3, 77), (1,), (2, 3, 5)]):

@@ -9,9 +9,11 @@ from .bits import pack_bits, unpack_bits
 from .dropout import dropout_mask, seeded_dropout
 from .quantize import dequantize, quantize
 from .quantize_blockwise import dequantize_blockwise, quantize_blockwise
+from .round_stochastic import round_stochastic
 from .topk import topk_prune, topk_restore
 
 __all__ = [
     "quantize", "dequantize", "topk_prune", "topk_restore",
     "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout", "quantize_blockwise", "dequantize_blockwise",
+    "round_stochastic",
 ]
