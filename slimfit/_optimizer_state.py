@@ -35,7 +35,8 @@ from typing import Optional
 import torch
 
 __all__ = ["OPTIMIZER_STATES", "DEFAULT_OPTIMIZER_STATE", "FROZEN_STATE_NAMES", "FROZEN_STATES", "STEP_KINDS",
-           "HOLDERS", "STATE_CODES", "NEAREST_STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL", "from_frozen_state",
+           "HOLDERS", "STATE_CODES", "NEAREST_STATE_CODES", "DEFAULT_STEP_CHUNK_NUMEL", "AUTO_STEP_CHUNK",
+           "auto_step_chunk_numel", "resolve_step_chunk_numel", "from_frozen_state",
            "to_frozen_state", "resolve_state_mode", "holds_any", "unwrap_optimizer"]
 
 OPTIMIZER_STATES = ("auto", "8bit", "8bit-frozen", "host-frozen", "host", "full")
@@ -53,16 +54,43 @@ STEP_KINDS = ("every", "frozen", "none")
 # A resolved mode -> FrozenState's (mode, between_steps)
 HOLDERS = {"8bit": ("compress", True), "8bit-frozen": ("compress", False), "host-frozen": ("offload", False),
            "host": ("offload", True)}
-# SchedulerConfig.state_code -> (codec code, bits) of a held moment: "linear8" (per-group min/max, stochastic
-# rounding), "dynamic8" / "dynamic4" (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a
-# zero-free map for a second), stochastic rounding; "dynamic8-nearest" / "dynamic4-nearest" the same codes
-# rounded to nearest (NEAREST_STATE_CODES), which hold a moment that changes by less than half a level per step.
+# SchedulerConfig.state_code -> (codec code, bits) of a held moment: "dynamic8" (the default) / "dynamic4"
+# (block-wise dynamic codes: signed map for a first moment, sqrt(v) on a zero-free map for a second),
+# stochastic rounding; "linear8" (per-group min/max, stochastic rounding); "dynamic8-nearest" /
+# "dynamic4-nearest" the same dynamic codes rounded to nearest (NEAREST_STATE_CODES), which hold a moment that
+# changes by less than half a level per step.
 STATE_CODES = {"linear8": ("linear", 8), "dynamic8": ("dynamic", 8), "dynamic4": ("dynamic", 4),
                "dynamic8-nearest": ("dynamic", 8), "dynamic4-nearest": ("dynamic", 4)}
 NEAREST_STATE_CODES = frozenset({"dynamic8-nearest", "dynamic4-nearest"})
-# SchedulerConfig.step_chunk_numel's default: elements per call of the chunked optimizer step
-# (slimfit.optim.ChunkedStep); 2**20 is 4 MiB per fp32 temporary and a multiple of the score's block.
+# SchedulerConfig.step_chunk_numel: elements per call of the chunked optimizer step (slimfit.optim.ChunkedStep).
+# "auto" (the default) is DEFAULT_STEP_CHUNK_NUMEL on the CPU: 2**20 is 4 MiB per fp32 temporary and a multiple
+# of the score's block. On a GPU a call is a few dozen kernel launches whatever its size, so a 1M-element call
+# of a large model is bound by launching: there a call takes the optimizer's parameters' numel / 256 (a power
+# of two, between 2**20 and 2**24), so the step's temporaries stay about 1/256 of the parameters (some 24
+# bytes an element of a call: under 5% of bf16 weights) while a billion-parameter model steps in a few
+# hundred calls, not a few thousand.
 DEFAULT_STEP_CHUNK_NUMEL = 1 << 20
+MAX_STEP_CHUNK_NUMEL = 1 << 24
+STEP_CHUNK_SHARE = 256
+AUTO_STEP_CHUNK = "auto"
+
+
+def auto_step_chunk_numel(device_type: str, numel: int) -> int:
+    """The "auto" step chunk for parameters of ``numel`` elements in all on a ``device_type`` device."""
+    if device_type == "cpu":
+        return DEFAULT_STEP_CHUNK_NUMEL
+    want = max(1, int(numel) // STEP_CHUNK_SHARE)
+    return min(MAX_STEP_CHUNK_NUMEL, max(DEFAULT_STEP_CHUNK_NUMEL, 1 << (want - 1).bit_length()))
+
+
+def resolve_step_chunk_numel(value, params) -> Optional[int]:
+    """``value`` (SchedulerConfig.step_chunk_numel) for an optimizer of ``params``: an int or None as it is;
+    "auto" by their device (the first's) and their numel (auto_step_chunk_numel)."""
+    if not (isinstance(value, str) and value == AUTO_STEP_CHUNK):
+        return value
+    params = list(params)
+    device_type = params[0].device.type if params else "cpu"
+    return auto_step_chunk_numel(device_type, sum(p.numel() for p in params))
 
 
 def from_frozen_state(value) -> str:

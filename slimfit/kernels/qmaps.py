@@ -120,15 +120,23 @@ def linear_unsigned(bits: int = 4) -> torch.Tensor:
 
 MAPS = {"signed": _signed, "unsigned": _unsigned, "linear_unsigned": _linear_unsigned}
 _ON_DEVICE: dict = {}
+_FAKE_MAPS = "_slimfit_qmaps"   # a FakeTensorMode's own maps, an attribute of the mode: they live and go with it
 
 
 def on_device(kind: str, bits: int, like: torch.Tensor) -> torch.Tensor:
     """The map ``kind`` at ``bits`` on ``like``'s device, cached (never modify it). For a fake tensor (a
-    FakeTensorMode's: slimfit.plan) an empty map of the right size made like it, nothing cached."""
+    FakeTensorMode's: slimfit.plan) an empty map of the right size made like it, cached for that mode (so a
+    planned step holds its maps as a real run holds the real ones)."""
     _check_bits(bits)
-    if isinstance(like, FakeTensor):
-        return like.new_empty(LEVELS[bits], dtype=torch.float32)
     key = (kind, bits, like.device)
+    if isinstance(like, FakeTensor):
+        maps = getattr(like.fake_mode, _FAKE_MAPS, None)
+        if maps is None:
+            maps = {}
+            setattr(like.fake_mode, _FAKE_MAPS, maps)
+        if key not in maps:
+            maps[key] = like.new_empty(LEVELS[bits], dtype=torch.float32)
+        return maps[key]
     qmap = _ON_DEVICE.get(key)
     if qmap is None:
         with unset_fake_temporarily():   # a real map, even when a real tensor is met under a FakeTensorMode

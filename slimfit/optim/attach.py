@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from slimfit._optimizer_state import HOLDERS, NEAREST_STATE_CODES, STATE_CODES, resolve_state_mode, unwrap_optimizer
+from slimfit._optimizer_state import (HOLDERS, NEAREST_STATE_CODES, STATE_CODES, resolve_state_mode,
+                                      resolve_step_chunk_numel, unwrap_optimizer)
 
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .frozen_state import FrozenState, attach_frozen_state
@@ -45,10 +46,13 @@ def step_kind(optimizer, step: Optional[ChunkedStep]) -> str:
 
 
 def _chunked_step(scheduler, optimizer) -> Optional[ChunkedStep]:
-    """config.step_chunk_numel's ChunkedStep, reporting to the scheduler's in-step scores (None: it takes
-    nothing of this optimizer); bf16 / fp16 weights rounded as config.weight_rounding says."""
+    """config.step_chunk_numel's ChunkedStep ("auto" resolved by the parameters' device and numel), reporting
+    to the scheduler's in-step scores (None: it takes nothing of this optimizer); bf16 / fp16 weights rounded
+    as config.weight_rounding says."""
     config = scheduler.config
-    step = attach_chunked_step(optimizer, config.step_chunk_numel, scheduler.step_observer)
+    params = [p for g in unwrap_optimizer(optimizer).param_groups for p in g["params"]]
+    step = attach_chunked_step(optimizer, resolve_step_chunk_numel(config.step_chunk_numel, params),
+                               scheduler.step_observer)
     if config.effective_weight_rounding != "nearest":
         step.set_weight_rounding(config.effective_weight_rounding, scheduler.run_seed)
     if step.active:

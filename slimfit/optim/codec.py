@@ -240,10 +240,13 @@ CONCAT_DECODE_MIN = 2
 
 
 def _concat_key(entry: dict, start: int, end: int):
-    """What ranges decoded together must share (None: decoded alone): a linear entry whose codes and scales
-    are as encode wrote them."""
+    """What ranges decoded together must share (None: decoded alone): a linear entry, or an 8-bit dynamic one,
+    whose codes and scales (maxima) are as encode wrote them."""
     if _dynamic(entry):
-        return None
+        codes, absmax = entry["codes"], entry["absmax"]
+        if int(entry["bits"]) != 8 or codes.dtype != torch.uint8 or absmax.dtype != torch.float32:
+            return None
+        return "dynamic", int(entry["group_size"]), bool(entry["sqrt"]), codes.device
     codes, scale, offset = entry["codes"], entry["scale"], entry["offset"]
     if codes.dtype != torch.uint8 or scale.dtype != torch.float32 or offset.dtype != torch.float32:
         return None
@@ -251,10 +254,10 @@ def _concat_key(entry: dict, start: int, end: int):
 
 
 def _decode_together(ranges) -> list:
-    """The fp32 values of ranges of alike linear entries (floored, not squared, for a second moment) as views
-    of one dequantized buffer: a range whose last group is short (a tensor's end) is padded to a whole group
-    with zero codes, so every range's groups are its own; the kernel's arithmetic is per element and group,
-    so each range's values are those it gets alone."""
+    """The fp32 values of ranges of alike entries (a linear second moment's floored, not squared; a dynamic
+    one's squared) as views of one dequantized buffer: a range whose last group is short (a tensor's end) is
+    padded to a whole group with zero codes, so every range's groups are its own; the kernels' arithmetic is
+    per element and group, so each range's values are those it gets alone."""
     entry = ranges[0][0]
     gs = int(entry["group_size"])
     sizes = [b - a for _, a, b in ranges]
@@ -264,23 +267,23 @@ def _decode_together(ranges) -> list:
     for (e, a, b), pad in zip(ranges, pads):
         parts += [e["codes"].view(-1)[a:b]] + ([zero[:pad]] if pad else [])
     codes = torch.cat(parts)
+    if _dynamic(entry):
+        absmax = torch.cat([e["absmax"][a // gs:-(-b // gs)] for e, a, b in ranges])
+        x = dynamic_code.restore({**entry, "dtype": torch.float32}, codes, absmax, (codes.numel(),), codes.device)
+        return _split(x, sizes, pads)
     scale = torch.cat([e["scale"][a // gs:-(-b // gs)] for e, a, b in ranges])
     offset = torch.cat([e["offset"][a // gs:-(-b // gs)] for e, a, b in ranges])
     x = dequantize(QuantizedTensor(codes, scale, offset, (codes.numel(),), torch.float32, BITS, gs))
     if entry["sqrt"]:
         _floor_per_group_(x, rounding_loss(scale, bool(entry["stochastic"])), gs)
-    out, at = [], 0
-    for n, pad in zip(sizes, pads):
-        out.append(x[at:at + n])
-        at += n + pad
-    return out
+    return _split(x, sizes, pads)
 
 
 @torch.no_grad()
 def decode_ranges(ranges) -> list:
     """``decode_range(entry, start, end)`` of each (entry, start, end) in ``ranges``, the same values; ranges of
-    alike linear entries (CONCAT_DECODE_MIN or more) decoded by one kernel, the linear second moments'
-    squares taken by one multi-tensor op."""
+    alike entries (linear, or 8-bit dynamic; CONCAT_DECODE_MIN or more) decoded by one kernel, the linear
+    second moments' squares taken by one multi-tensor op."""
     ranges = list(ranges)
     out: list = [None] * len(ranges)
     keys = [_concat_key(*r) for r in ranges]

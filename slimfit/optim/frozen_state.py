@@ -49,7 +49,7 @@ import torch
 
 from slimfit._optimizer_state import unwrap_optimizer
 
-from . import checkpoint, chunked_step, codec
+from . import checkpoint, chunked_step, codec, dynamic_code
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
 from .transfer import transfer_for
@@ -94,6 +94,8 @@ class FrozenState:
                  seed: int = 0, between_steps: bool = False, transfer=None, code: str = "linear", bits: int = 8):
         _check_options(mode, group_size, seed, code, bits)
         self.code, self.bits = code, int(bits)
+        if code == "dynamic":
+            dynamic_code.make_maps(unwrap_optimizer(optimizer), int(bits))
         # Weak: the optimizer's hooks hold this object, so a strong reference back would be a cycle that keeps
         # the optimizer (and the model) alive after the user's last reference goes (tests/test_no_reference_cycles.py).
         # The hooks keep this object alive exactly as long as the optimizer.

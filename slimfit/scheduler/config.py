@@ -36,6 +36,7 @@ from slimfit._config_base import number_fix as _number_fix
 from slimfit._config_base import real as _real
 from slimfit._config_base import shown as _shown
 from slimfit._optimizer_state import (
+    AUTO_STEP_CHUNK,
     DEFAULT_OPTIMIZER_STATE,
     DEFAULT_STEP_CHUNK_NUMEL,
     FROZEN_STATES,
@@ -200,8 +201,15 @@ def _weight_rounding(cfg, value):
     value = _choice(_C, "weight_rounding", value, (AUTO_WEIGHT_ROUNDING, *WEIGHT_ROUNDINGS))
     if value == "stochastic" and cfg.step_chunk_numel is None:
         raise _error(_C, "weight_rounding", "'nearest' when step_chunk_numel is None (the stochastic rounding is "
-                     "done by the chunked step)", value, "keep step_chunk_numel (the default, 2**20)")
+                     "done by the chunked step)", value, "keep step_chunk_numel (the default, 'auto')")
     return value
+
+
+def _step_chunk_numel(cfg, value):
+    if isinstance(value, str) and value == AUTO_STEP_CHUNK:
+        return value
+    return _int(_C, "step_chunk_numel", value, 1, f"elements per call of the optimizer step; or {AUTO_STEP_CHUNK!r}",
+                DEFAULT_STEP_CHUNK_NUMEL, optional=True)
 
 
 def _warmup_steps(cfg, value):
@@ -244,8 +252,7 @@ _CHECKS = {
     "distributed": lambda c, v: _flag(_C, "distributed", v, optional=True),
     "process_group": _process_group,
     "chunk_numel": lambda c, v: _int(_C, "chunk_numel", v, 1, "elements per batched score reduction", 2**25),
-    "step_chunk_numel": lambda c, v: _int(_C, "step_chunk_numel", v, 1, "elements per call of the optimizer step",
-                                          DEFAULT_STEP_CHUNK_NUMEL, optional=True),
+    "step_chunk_numel": _step_chunk_numel,
     "weight_rounding": _weight_rounding,
     "experimental": _experimental,
 }
@@ -347,13 +354,14 @@ class SchedulerConfig(ConfigBase):
                        ``frozen_state=`` (keyword, saved configs) is its older name, read as it: "auto",
                        "compress_all" ("8bit"), "compress" ("8bit-frozen"), "offload" ("host-frozen"), "offload_all"
                        ("host"), None ("full"); the attribute ``frozen_state`` gives optimizer_state in those names.
-    state_code         how optimizer_state="8bit-frozen" / "8bit" code a moment: "linear8" (the default: 8-bit
-                       per-group min/max, stochastic rounding, unbiased), "dynamic8" or "dynamic4": block-wise
-                       dynamic codes (a signed map for the first moment, sqrt(v) on a map without zero for the
-                       second), stochastic rounding from the codec's seed (a moment re-encoded at every step
-                       follows a change smaller than a level); "dynamic8-nearest" / "dynamic4-nearest" the
-                       same codes rounded to nearest (they hold a slowly changing moment in place); the
-                       default by the accuracy protocols (docs/fidelity.md).
+    state_code         how optimizer_state="8bit-frozen" / "8bit" code a moment: "dynamic8" (the default) or
+                       "dynamic4": block-wise dynamic codes (a signed map for the first moment, sqrt(v) on a map
+                       without zero for the second), stochastic rounding from the codec's seed (a moment
+                       re-encoded at every step follows a change smaller than a level); "linear8": 8-bit
+                       per-group min/max, stochastic rounding, unbiased; "dynamic8-nearest" /
+                       "dynamic4-nearest" the dynamic codes rounded to nearest (they hold a slowly changing
+                       moment in place); the default by the accuracy protocols (docs/fidelity.md). A config
+                       saved without the field loads as "linear8" (its run's code).
     distributed        None: auto (torch.distributed initialised, world size > 1); True / False to force.
     process_group      the group to agree within (default: the world).
     chunk_numel        elements per batched score reduction (bounds temporary memory).
@@ -362,6 +370,9 @@ class SchedulerConfig(ConfigBase):
                        layers are scored as they are updated, so neither torch's temporaries the size of the
                        largest (CPU) or of every (CUDA foreach) trained parameter nor the weight snapshots
                        exist (slimfit.optim.ChunkedStep; docs/optim.md). None: the optimizer's own step.
+                       "auto" (the default): 2**20 on the CPU; on a GPU the optimizer's parameters' numel / 256
+                       (a power of two in [2**20, 2**24]: fewer, larger calls where each call costs kernel
+                       launches; slimfit/_optimizer_state.py).
     weight_rounding    how the chunked step writes bf16 / fp16 weights: "stochastic" (each piece's update
                        computed in fp32, the weight rounded to a neighbour with the probability that makes its
                        expectation the fp32 result, seeded from the run's seed; as torchao's
@@ -395,11 +406,11 @@ class SchedulerConfig(ConfigBase):
     base_bytes: float = 0.0
     release_state_after: Optional[int] = None
     optimizer_state: str = DEFAULT_OPTIMIZER_STATE
-    state_code: str = "linear8"
+    state_code: str = "dynamic8"
     distributed: Optional[bool] = None
     process_group: Any = None
     chunk_numel: int = DEFAULT_CHUNK_NUMEL
-    step_chunk_numel: Optional[int] = DEFAULT_STEP_CHUNK_NUMEL
+    step_chunk_numel: Union[int, str, None] = AUTO_STEP_CHUNK
     weight_rounding: str = AUTO_WEIGHT_ROUNDING
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
     version: int = field(default=CONFIG_VERSION, init=False)

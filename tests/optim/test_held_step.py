@@ -77,7 +77,7 @@ def _scheduled_run(frozen_state, seed=0):
 
 
 # The seeds' spread on this toy (final loss of compress_all over the plain run's, per model seed 0-5, at 1 and
-# 2 threads, Intel Xeon): linear8 (the default code) 0.59-1.50 (std 0.27), dynamic8 0.45-1.79 (std 0.36); the
+# 2 threads, Intel Xeon): linear8 0.59-1.50 (std 0.27), dynamic8 (the default code) 0.45-1.79 (std 0.36); the
 # means' ratio 0.97 / 0.82 (linear8, 1 / 2 threads) and 0.94 / 1.04 (dynamic8). One run's outcome is chaotic
 # (LayerNorm's backward sums in another order at 2 threads, and a rounding decision turns that last bit into
 # another run), so only the mean over the seeds is compared, with three standard errors of margin:
@@ -168,10 +168,11 @@ def test_no_moment_is_ever_in_full():
     assert holder.held_nbytes() == 2 * codec.encoded_nbytes(numel)
 
 
-def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
-    model = build(0)
+def _closure_run(seed: int, frozen_state) -> float:
+    """Ten steps of torch's step with a closure under the scheduler; the loss after them over the loss before."""
+    model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state="compress_all",
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=seed, frozen_state=frozen_state,
                          update_scale="none")   # (this toy's lr stretched 2x is too large: see _scheduled_run)
     first = float(loss_of(model, data()))
     for s in range(10):
@@ -186,5 +187,22 @@ def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
         opt.step(closure)
         opt.zero_grad(set_to_none=True)
         sched.step()
-        assert all(set(st) <= {"step", "exp_avg" + Q8, "exp_avg_sq" + Q8} for st in opt.state.values())
-    assert float(loss_of(model, data())) < 0.5 * first
+        if frozen_state is not None:
+            assert all(set(st) <= {"step", "exp_avg" + Q8, "exp_avg_sq" + Q8} for st in opt.state.values())
+    return float(loss_of(model, data())) / first
+
+
+# Loss after / before over model seeds 0-5 (1 and 2 threads alike, Intel Xeon): held in the default code
+# (dynamic8) 0.47-0.59, in linear8 0.42-0.71, the state in full 0.47-0.66; per seed, held over full: dynamic8
+# 0.90-1.13 (mean 1.02), linear8 0.91-1.47 (mean 1.09, std 0.22). Margin on the means' ratio: three standard
+# errors of the wider code, 1 + 3 * 0.22 / sqrt(6) = 1.27.
+_CLOSURE_MARGIN = 1.27
+
+
+def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
+    """torch steps from the moments put back in full and they are held again after it (no full moment left
+    between steps), and the run trains as the same closure run with the state in full does, over six seeds."""
+    held = [_closure_run(seed, "compress_all") for seed in _SEEDS]
+    full = [_closure_run(seed, None) for seed in _SEEDS]
+    assert sum(held) / len(held) < 0.75 and sum(full) / len(full) < 0.75
+    assert sum(held) / sum(full) < _CLOSURE_MARGIN

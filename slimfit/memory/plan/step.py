@@ -174,7 +174,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     base of a budget)."""
     if not spec.rate:
         return None, ()
-    from ..._optimizer_state import HOLDERS, from_frozen_state
+    from ..._optimizer_state import HOLDERS, auto_step_chunk_numel, from_frozen_state
     from ...scheduler import ILSScheduler
 
     options = {} if freeze_all else dict(budget or {})
@@ -182,9 +182,12 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     held, between_steps = HOLDERS.get(from_frozen_state(mode), (None, False))
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
     off_device = fake and held == "offload" and spec.device == "cuda"
+    # the chunk "auto" gives the spec's device (a fake run's tensors are on the CPU whatever the device)
+    numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
                              warmup_steps=0 if freeze_all else spec.warmup_steps,
-                             optimizer_state=from_frozen_state(None if off_device else mode))
+                             optimizer_state=from_frozen_state(None if off_device else mode),
+                             step_chunk_numel=auto_step_chunk_numel(spec.device, numel))
     names = tuple(scheduler.names)
     transfer = None
     if off_device:
