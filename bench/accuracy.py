@@ -99,7 +99,7 @@ SAMPLED_RATIO = 0.3
 # paper() with a trained LayerNorm's x̂ in full: the base the paper_* variants change one choice of.
 PAPER_LNFULL = SlimFitConfig.paper().replace(layernorm="full")
 # The SlimFit research code's choices: frozen LayerNorm x̂ top-10%, P int8.
-PAPER_CODE = PAPER_LNFULL.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1).with_attention(probs="int8")
+PAPER_CODE = PAPER_LNFULL.with_experimental(topk_norms="frozen", keep_ratio=0.1).with_attention(probs="int8")
 HEAD_SUFFIX = "+head"  # e.g. paper@0.9+head: the scheduler leaves the task head out, it trains every step
 # Adapter / LoRA methods train few parameters from a pretrained start: they need a larger step
 # (the values their papers use are 5e-4 to 1e-3).
@@ -158,12 +158,12 @@ VARIANTS = {
     "paper_pint8": PAPER_LNFULL.with_attention(probs="int8"),
     "paper_gelu8": PAPER_LNFULL.replace(gelu_bits=8),
     "paper_code": PAPER_CODE,
-    "paper_code_ptopk": PAPER_CODE.with_attention(probs="topk", keep_ratio=0.1),
+    "paper_code_ptopk": PAPER_CODE.with_experimental(topk_probs=True),
     "aggressive_pint8": SlimFitConfig.aggressive().with_attention(probs="int8"),
 }
 SAMPLED = {"wta_crs": SlimFitConfig.wta_crs(),
-           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(
-               layernorm="full", layernorm_frozen="topk").with_attention(probs="topk", keep_ratio=0.1)}
+           "wta_crs_code_ptopk": SlimFitConfig.wta_crs().replace(layernorm="full").with_experimental(
+               topk_norms="frozen", topk_probs=True, keep_ratio=0.1)}
 SCHEDULED = ("exact", "paper", "aggressive", *VARIANTS, *SAMPLED)
 
 

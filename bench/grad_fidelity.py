@@ -50,19 +50,19 @@ CONFIGS = {
     "FFN-out input 8-bit": EXACT.replace(ffn_out_input_bits=8),
     "Q/K/V 8-bit, fused path": EXACT.with_attention(qkv_bits=8),
     "Q/K/V 8-bit, P full": MATERIALIZE.with_attention(qkv_bits=8),
-    "P top-10%": MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
+    "P top-10%": MATERIALIZE.with_experimental(topk_probs=True, keep_ratio=0.1),
     "P int8": MATERIALIZE.with_attention(probs="int8"),
     "Q/K/V 8-bit + P int8": MATERIALIZE.with_attention(qkv_bits=8, probs="int8"),
     "Q/K/V 8-bit + P recomputed": MATERIALIZE.with_attention(qkv_bits=8, probs="recompute"),
-    "frozen LayerNorm x̂ top-10%": EXACT.replace(layernorm_frozen="topk", layernorm_keep_ratio=0.1),
+    "frozen LayerNorm x̂ top-10%": EXACT.with_experimental(topk_norms="frozen", keep_ratio=0.1),
     "frozen LayerNorm x̂ int8": EXACT.replace(layernorm_frozen="int8"),
     "trained LayerNorm x̂ int8": EXACT.replace(layernorm="int8"),
     # the SlimFit research code's choices (bench/accuracy.py's paper_code)
-    "paper() with frozen x̂ top-10% and P int8": PAPER_MATERIALIZE.replace(layernorm_frozen="topk").with_attention(
-        probs="int8"),
+    "paper() with frozen x̂ top-10% and P int8": PAPER_MATERIALIZE.with_experimental(
+        topk_norms="frozen").with_attention(probs="int8"),
     "paper() with P int8": PAPER_MATERIALIZE.with_attention(probs="int8"),
-    "paper() with P top-10%": PAPER_MATERIALIZE.with_attention(probs="topk", keep_ratio=0.1),
-    "paper() with frozen x̂ top-10%": PAPER_MATERIALIZE.replace(layernorm_frozen="topk"),
+    "paper() with P top-10%": PAPER_MATERIALIZE.with_experimental(topk_probs=True, keep_ratio=0.1),
+    "paper() with frozen x̂ top-10%": PAPER_MATERIALIZE.with_experimental(topk_norms="frozen"),
     "paper() with GELU 8-bit": PAPER_MATERIALIZE.replace(gelu_bits=8),
     # bench/accuracy.py's paper_lnfull
     "paper() with trained x̂ in full": PAPER_MATERIALIZE.replace(layernorm="full"),

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from slimfit.config import AttentionSaving, LinearSampling, SlimFitConfig
+from slimfit.config import AttentionSaving, ExperimentalSaving, LinearSampling, SlimFitConfig
 from slimfit.scheduler.config import ExperimentalOptions, SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = (SlimFitConfig, AttentionSaving, LinearSampling, SchedulerConfig, ExperimentalOptions)
+CONFIGS = (SlimFitConfig, AttentionSaving, LinearSampling, ExperimentalSaving, SchedulerConfig, ExperimentalOptions)
 
 
 def _inline_code(text: str) -> list[str]:
@@ -39,6 +39,6 @@ def test_every_config_field_is_documented(config, spans):
 
 
 def test_the_check_sees_a_field_left_out():
-    assert _documented("keep_ratio", ["attention.keep_ratio"])
+    assert _documented("keep_ratio", ["experimental.keep_ratio"])
     assert not _documented("keep_ratio", ["layernorm_keep_ratio"])
     assert not _documented("seed", _inline_code("the seed of a run, `x=1`"))   # prose outside code does not count

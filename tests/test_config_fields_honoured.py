@@ -1,6 +1,7 @@
-"""Every SlimFitConfig field, and every field of its parts (AttentionSaving, LinearSampling; named
-'attention.<field>', 'sampling.<field>'), is honoured: changing it (from a config where it applies) changes
-what a training step saves, the gradients it gives, or raises. A field added without a case here fails
+"""Every SlimFitConfig field, and every field of its parts (AttentionSaving, LinearSampling,
+ExperimentalSaving; named 'attention.<field>', 'sampling.<field>', 'experimental.<field>'), is honoured:
+changing it (from a config where it applies) changes what a training step saves, the gradients it gives, or
+raises. A field added without a case here fails
 `test_every_field_has_a_case`, so no option can be accepted and silently ignored."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import slimfit
 from slimfit import AttentionSaving, LinearSampling, SlimFitConfig, memory
+from slimfit.config import ExperimentalSaving
 from tests.patching.tiny_models import BATCH, build
 
 EXACT = SlimFitConfig.exact()
@@ -27,12 +29,9 @@ CASES = {
     "silu_bits": (EXACT, 4, "llama", "bytes"),
     "layernorm": (EXACT, "int8", "bert", "bytes"),
     "layernorm_frozen": (EXACT, "int8", "bert-frozen-norms", "bytes"),
-    "layernorm_keep_ratio": (EXACT.replace(layernorm="topk"), 0.5, "bert", "bytes"),
     "attention": (EXACT, AttentionSaving(), "bert", "bytes"),
     "attention.qkv_bits": (ATTENTION, 8, "bert", "bytes"),
     "attention.probs": (MATERIALIZE, "int8", "bert", "bytes"),
-    "attention.keep_ratio": (MATERIALIZE.with_attention(probs="topk"), 0.5, "bert", "bytes"),
-    "attention.dropout_on_v": (MATERIALIZE, True, "bert", "grads"),
     "attention.path": (ATTENTION.with_attention(probs="int8"), "materialize", "bert-no-dropout", "bytes"),
     "dropout": (EXACT, "bitmask", "bert", "bytes"),
     "group_size": (EXACT.replace(gelu_bits=4), 32, "bert", "bytes"),
@@ -47,8 +46,13 @@ CASES = {
     "sampling.norms": (SAMPLED, "sample", "bert", "grads"),
     "lm_head_chunk_rows": (EXACT, 16, "llama", "bytes"),
     "check_finite": (EXACT.replace(gelu_bits=4), True, "bert-nan", "raises"),
+    "experimental": (MATERIALIZE, ExperimentalSaving(topk_probs=True), "bert", "bytes"),
+    "experimental.topk_norms": (EXACT, "trainable", "bert", "bytes"),
+    "experimental.topk_probs": (MATERIALIZE, True, "bert", "bytes"),
+    "experimental.keep_ratio": (EXACT.with_experimental(topk_norms="trainable"), 0.5, "bert", "bytes"),
+    "experimental.dropout_on_v": (MATERIALIZE, True, "bert", "grads"),
 }
-PARTS = {"attention": AttentionSaving, "sampling": LinearSampling}
+PARTS = {"attention": AttentionSaving, "sampling": LinearSampling, "experimental": ExperimentalSaving}
 
 
 def _get(config: SlimFitConfig, field: str):

@@ -17,13 +17,17 @@ def test_round_trip_of_every_preset(tmp_path, name):
     assert SlimFitConfig.from_pretrained(path) == config  # the file itself
     on_disk = json.loads(open(path).read())
     assert set(on_disk) == {f.name for f in dataclasses.fields(SlimFitConfig)} | {"version"}
-    for part, cls in (("attention", AttentionSaving), ("sampling", LinearSampling)):  # the nested form
+    from slimfit.config import ExperimentalSaving
+
+    for part, cls in (("attention", AttentionSaving), ("sampling", LinearSampling),
+                      ("experimental", ExperimentalSaving)):  # the nested form
         assert on_disk[part] is None or set(on_disk[part]) == {f.name for f in dataclasses.fields(cls)}
 
 
 def test_non_default_values_survive(tmp_path):
     config = SlimFitConfig.paper().replace(group_size=64, stochastic=True).with_attention(
-        keep_ratio=0.25, path="materialize").with_sampling(method="crs", min_rows=3, norms="sample")
+        path="materialize").with_sampling(method="crs", min_rows=3, norms="sample").with_experimental(
+        topk_norms="frozen", keep_ratio=0.25, dropout_on_v=True)
     config.save_pretrained(tmp_path)
     assert SlimFitConfig.from_pretrained(tmp_path) == config
 
@@ -54,10 +58,10 @@ def test_unknown_keys_and_bad_values_are_refused_by_name(tmp_path):
 
 def test_format_version_is_saved_and_checked(tmp_path):
     values = SlimFitConfig.paper().to_dict()
-    assert values["version"] == 1
+    assert values["version"] == 2
     assert SlimFitConfig.from_dict({k: v for k, v in values.items() if k != "version"}) == SlimFitConfig.paper()
-    with pytest.raises(ValueError, match="format version 2"):
-        SlimFitConfig.from_dict({**values, "version": 2})
+    with pytest.raises(ValueError, match="format version 3"):
+        SlimFitConfig.from_dict({**values, "version": 3})
 
 
 def test_flat_fields_are_unknown_fields_named():
@@ -78,11 +82,19 @@ def test_part_as_bool_or_dict_names_the_fix():
 
 def test_part_validation_and_helpers():
     for bad, match in [(dict(qkv_bits=3), "AttentionSaving.qkv_bits"), (dict(qkv_bits=True), "qkv_bits"),
-                       (dict(probs="int3"), "AttentionSaving.probs"), (dict(keep_ratio=0), "keep_ratio"),
-                       (dict(keep_ratio=1.5), "keep_ratio"), (dict(dropout_on_v=1), "dropout_on_v"),
+                       (dict(probs="int3"), "AttentionSaving.probs"), (dict(probs="topk"), "experimental"),
                        (dict(path="flash"), "AttentionSaving.path")]:
         with pytest.raises(ValueError, match=match):
             AttentionSaving(**bad)
+    from slimfit.config import ExperimentalSaving
+
+    for bad, match in [(dict(keep_ratio=0), "keep_ratio"), (dict(keep_ratio=1.5), "keep_ratio"),
+                       (dict(dropout_on_v=1), "dropout_on_v"), (dict(topk_probs=1), "topk_probs"),
+                       (dict(topk_norms="both"), "topk_norms")]:
+        with pytest.raises(ValueError, match=match):
+            ExperimentalSaving(**bad)
+    with pytest.raises(ValueError, match="attention=AttentionSaving"):   # top-k of P needs the attention core
+        SlimFitConfig(experimental=ExperimentalSaving(topk_probs=True))
     assert AttentionSaving(qkv_bits=2).qkv_bits == 2  # the attention core takes 2-bit Q/K/V
     paper = SlimFitConfig.paper()
     assert paper.with_attention(probs="int8") == paper.replace(

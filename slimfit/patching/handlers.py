@@ -91,7 +91,7 @@ class PatchContext:
 
     @property
     def norms_full(self) -> bool:
-        return self.config.layernorm == "full" and self.config.layernorm_frozen == "full"
+        return self.config.norm_save(frozen=False) == "full" and self.config.norm_save(frozen=True) == "full"
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,8 @@ class NormOptions:
 
     @classmethod
     def from_config(cls, config: SlimFitConfig, **norm):
-        return cls(save=config.layernorm, save_frozen=config.layernorm_frozen,
-                   keep_ratio=config.layernorm_keep_ratio, **_shared(config, stochastic=False), **norm)
+        return cls(save=config.norm_save(frozen=False), save_frozen=config.norm_save(frozen=True),
+                   keep_ratio=config.experimental.keep_ratio, **_shared(config, stochastic=False), **norm)
 
 
 @dataclass(frozen=True)
@@ -209,9 +209,9 @@ class AttentionOptions:
     @classmethod
     def from_config(cls, config: SlimFitConfig):
         """The options of a config whose `attention` is an AttentionSaving (not None)."""
-        saving = config.attention
-        return cls(qkv_bits=saving.qkv_bits, probs=saving.probs, keep_ratio=saving.keep_ratio,
-                   dropout_on_v=saving.dropout_on_v, path=saving.path, **_shared(config, stochastic=False))
+        saving, exp = config.attention, config.experimental
+        return cls(qkv_bits=saving.qkv_bits, probs=config.attention_probs, keep_ratio=exp.keep_ratio,
+                   dropout_on_v=exp.dropout_on_v, path=saving.path, **_shared(config, stochastic=False))
 
     @classmethod
     def of(cls, opts) -> AttentionOptions:

@@ -165,12 +165,18 @@ def test_the_patch_options_are_the_autograd_options():
     activation = patch_options.ActivationOptions.from_config(config)
     assert isinstance(activation, A.SwiGLUOptions) and isinstance(activation, A.SiLUOptions)
     norm = patch_options.NormOptions.from_config(config)
-    assert norm.kernel(True) == A.LayerNormOptions(save=config.layernorm, keep_ratio=config.layernorm_keep_ratio,
+    assert norm.kernel(True) == A.LayerNormOptions(save=config.layernorm, keep_ratio=config.experimental.keep_ratio,
                                                    group_size=config.group_size)
     assert norm.kernel(False).save == config.layernorm_frozen
+    topk = patch_options.NormOptions.from_config(config.with_experimental(topk_norms="frozen", keep_ratio=0.3))
+    assert topk.kernel(False) == A.LayerNormOptions(save="topk", keep_ratio=0.3, group_size=config.group_size)
+    assert topk.kernel(True).save == config.layernorm
     assert dataclasses.replace(norm, weight_offset=1.0).kernel(False) == norm.kernel(False)
     attention = patch_options.AttentionOptions.from_config(config)
     assert attention.materialize.probs == config.attention.probs
+    experimental = config.with_experimental(topk_probs=True, dropout_on_v=True)
+    probs_topk = patch_options.AttentionOptions.from_config(experimental)
+    assert probs_topk.materialize.probs == "topk" and probs_topk.materialize.dropout_mode == "on_v"
     assert attention.fused.qkv_bits == config.attention.qkv_bits
     assert isinstance(patch_options.DropoutOptions.from_config(config), A.DropoutOptions)
 

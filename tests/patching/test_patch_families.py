@@ -126,6 +126,6 @@ def test_config_errors():
     with pytest.raises(TypeError, match="qkv_bits"):  # a field of AttentionSaving, not of the config
         SlimFitConfig(qkv_bits=8)
     with pytest.raises(ValueError, match="keep_ratio"):
-        SlimFitConfig(layernorm_keep_ratio=0)
+        SlimFitConfig().with_experimental(keep_ratio=0)
     with pytest.raises(TypeError, match="SlimFitConfig"):
         slimfit.patch(torch.nn.Linear(2, 2), {"gelu_bits": 4})

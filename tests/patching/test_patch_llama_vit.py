@@ -32,7 +32,7 @@ def _freeze_all(model):
 
 
 # SwiGLU + RMSNorm only (attention left to PyTorch), so the whole forward must be bit-exact
-ACTIVATIONS_ONLY = SlimFitConfig(silu_bits=4, layernorm="int8", layernorm_frozen="topk")
+ACTIVATIONS_ONLY = SlimFitConfig(silu_bits=4, layernorm="int8").with_experimental(topk_norms="frozen")
 
 
 @pytest.mark.parametrize("family", LLAMAS)
@@ -82,7 +82,7 @@ def test_saved_bytes_per_module_are_byte_exact():
     rows, n_inter = BATCH * SEQ, BATCH * SEQ * INTER
     for name in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm"):
         assert run.per_module[name] == q_bytes(rows * HIDDEN, 8) + 4 * rows
-    patched = slimfit.patch(copy.deepcopy(model), no_attention.replace(layernorm_frozen="topk"))
+    patched = slimfit.patch(copy.deepcopy(model), no_attention.with_experimental(topk_norms="frozen"))
     _freeze_all(patched)
     run = memory.measure(patched, inputs_embeds=inputs_embeds, labels=inputs["labels"])
     assert run.per_module["model.layers.0.mlp"] == 2 * q_bytes(n_inter, 4)

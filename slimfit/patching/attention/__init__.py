@@ -72,7 +72,7 @@ def _patch_transformers(model: nn.Module, config, summary, keep) -> str | None:
         setattr(module, ATTENTION_OPTIONS, options)
         setattr(module, CALLS, routes.AttentionCalls())
         routes.ensure_routed(module)
-        summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {saving.probs}"))
+        summary.patched.append((name, "attention", f"qkv {saving.qkv_bits or 'full'}, P {options.probs}"))
         summary.attention_modules.append((name, module))
     return current
 

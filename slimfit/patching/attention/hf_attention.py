@@ -68,7 +68,7 @@ def choose_path(opts: AttentionOptions | dict, query, key, value, mask, dropout_
     if wanted == "materialize":
         return "materialize", "attention.path='materialize'"
     if opts.dropout_on_v and dropout_p > 0.0:
-        return "materialize", "attention.dropout_on_v (dropout on V exists only in the materializing path)"
+        return "materialize", "experimental.dropout_on_v (dropout on V exists only in the materializing path)"
     kernel = fused_kernel(query, key, value, mask, dropout_p, is_causal)
     if kernel is None:
         return "materialize", (f"no fused PyTorch kernel for these inputs ({query.device.type}, {query.dtype}, "

@@ -7,7 +7,7 @@ and rotary embeddings.
   silu(gate) and up for the product), see slimfit.autograd.silu.swiglu. Another act_fn leaves the
   MLP as is (reported in the summary).
 * RMSNorm (LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm) saves x̂ and rstd like LayerNorm, with the
-  same config fields (layernorm, layernorm_frozen, layernorm_keep_ratio); the forward is the HF
+  same config fields (layernorm, layernorm_frozen, experimental.topk_norms); the forward is the HF
   formula op for op (bit-identical). With both fields 'full' (exact()) RMSNorm is left alone.
 * WTA-CRS targets: o_proj and the three MLP projections (never Q/K/V)."""
 from . import Family
