@@ -331,6 +331,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with a freeze rate, the scheduler's rate ramp in steps for the predicted step: 0 "
                              "(default) predicts the frozen set at the rate; auto (the scheduler's default: 100 "
                              "for a causal LM, else 0) or N predicts the ramp's first step, the run's worst")
+    parser.add_argument("--scheduled-kinds", default=None, type=_kinds_arg, metavar="KINDS",
+                        help="with a freeze rate, what the scheduler freezes: all, or kinds joined by commas "
+                             "(matmul, norm, embedding; e.g. matmul,embedding: the embeddings scheduled too); "
+                             "default: the scheduler's, the weight matrices")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="a causal LM's loss chunked (no logits kept) without a preset too; the presets do it")
     # --optimizer-state's older name and values
@@ -341,6 +345,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                              "for the fastest configuration whose step peak fits BUDGET (e.g. 24GiB), print its code")
 
 
+
+
+def _kinds_arg(text: str):
+    """--scheduled-kinds: "all" or kinds joined by commas (checked by the spec)."""
+    return text if text == "all" else tuple(k.strip() for k in text.split(",") if k.strip())
 
 
 def _warmup_steps_arg(text: str):
@@ -373,7 +382,7 @@ def _spec(args, **changes):
                   checkpointing=args.checkpointing, attn=args.attn_implementation, device=args.device,
                   task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
                   chunked_loss=args.chunked_loss, warmup_steps=args.warmup_steps,
-                  optimizer_state=_optimizer_state(args))
+                  optimizer_state=_optimizer_state(args), scheduled_kinds=args.scheduled_kinds)
     values.update(changes)
     return StepSpec(args.model, **values)
 

@@ -98,7 +98,8 @@ def _frozen_state_arg(spec: StepSpec, causal_lm: bool = False) -> str:
     warmup_steps where the predicted step differs from the default's first ("auto" ramps a causal LM's rate)."""
     state = "" if spec.optimizer_state == "auto" else f", optimizer_state={spec.optimizer_state!r}"
     default = spec.warmup_steps == "auto" or (spec.warmup_steps == 0 and not causal_lm)
-    return state + ("" if default else f", warmup_steps={spec.warmup_steps!r}")
+    kinds = "" if spec.scheduled_kinds is None else f", scheduled_kinds={spec.scheduled_kinds!r}"
+    return state + ("" if default else f", warmup_steps={spec.warmup_steps!r}") + kinds
 
 
 def _in_backward_arg(spec: StepSpec) -> str:

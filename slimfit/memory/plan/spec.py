@@ -54,6 +54,9 @@ class StepSpec:
     warmup_steps   with a rate: the scheduler's warmup_steps for the predicted step, its first: 0 (the default
                    here) predicts the frozen set at the rate; "auto" (the scheduler's default: a causal LM's rate
                    ramps from 0 over 100 steps) or N > 0 predicts the ramp's first step, the run's worst
+    scheduled_kinds  with a rate: the scheduler's scheduled_kinds (None, its default: the weight matrices, the
+                   embeddings and norms training every step; "all"; or a selection such as ("matmul",
+                   "embedding"): the embeddings scheduled too)
     """
 
     model: Any
@@ -77,6 +80,7 @@ class StepSpec:
     step_in_backward: bool = False
     chunked_loss: bool = False
     warmup_steps: int | str = 0
+    scheduled_kinds: str | tuple | None = None
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -128,9 +132,25 @@ class StepSpec:
         if self.optimizer_state == "host" and not self.step_in_backward:
             out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
                        "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
+        out += self._kinds_problems()
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
+
+    def _kinds_problems(self) -> list[str]:
+        """What is wrong with scheduled_kinds (the scheduler's own check, and it needs a rate)."""
+        if self.scheduled_kinds is None:
+            return []
+        if not self.rate:
+            return ["scheduled_kinds chooses what the scheduler freezes: it needs a freeze rate"]
+        from ...scheduler import SchedulerConfig
+
+        try:
+            kinds = SchedulerConfig(scheduled_kinds=self.scheduled_kinds).scheduled_kinds
+        except (TypeError, ValueError) as exc:
+            return [str(exc)]
+        object.__setattr__(self, "scheduled_kinds", kinds)
+        return []
 
     def _switch_problems(self) -> list[str]:
         """What is wrong with warmup_steps and the on/off fields."""
@@ -214,6 +234,9 @@ class StepSpec:
                           "offload_all": "every state on the host"}[self.held_state])
         if self.budget_bytes is not None:
             parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
+        if self.scheduled_kinds is not None:
+            kinds = self.scheduled_kinds
+            parts.append(f"scheduled: {kinds if isinstance(kinds, str) else ' + '.join(kinds)}")
         return ", ".join(parts)
 
     def shape(self) -> str:

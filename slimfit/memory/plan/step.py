@@ -178,6 +178,8 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     from ...scheduler import ILSScheduler
 
     options = {} if freeze_all else dict(budget or {})
+    if spec.scheduled_kinds is not None:
+        options["scheduled_kinds"] = spec.scheduled_kinds
     mode = spec.held_state
     held, between_steps = HOLDERS.get(from_frozen_state(mode), (None, False))
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
