@@ -32,6 +32,7 @@ come back non-finite (some W_old == 0) are redone zero-aware, once: they are rem
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 from typing import Callable, Optional, Sequence
 
@@ -438,10 +439,11 @@ def _block_sums_together(items) -> list:
 class DeviceBatch:
     """The sums of several pieces (of one layer each) on their device: per piece, the (total, count, moved)
     of its score kind (BlockSums), computed by multi-tensor ops over all the pieces at once (about a dozen
-    launches for the batch, not a dozen per piece) and read to the host in one transfer, when the first of
-    them is asked for (``part``), not during the optimizer step. Entries with W_old == 0 are left out of the
-    relative score, as the host path's zero-aware blocks; sums accumulate in float64 output (fp32 partial
-    sums on a GPU)."""
+    launches for the batch, not a dozen per piece) and read to the host when the first of them is asked for
+    (``part``), not during the optimizer step: then every batch not yet read is read with it, one transfer
+    per device for all of a step's batches (one host sync per scheduler step, not one per optimizer call).
+    Entries with W_old == 0 are left out of the relative score, as the host path's zero-aware blocks; sums
+    accumulate in float64 output (fp32 partial sums on a GPU)."""
 
     def __init__(self, kind: str, pairs):
         olds, news = [o for o, _ in pairs], [w for _, w in pairs]
@@ -467,17 +469,37 @@ class DeviceBatch:
             parts = [torch._foreach_norm(d, 1, dtype=f64), torch._foreach_norm(torch._foreach_mul(olds, olds), 1,
                                                                                 dtype=f64)]
         self._vals = torch.stack([t for part in parts for t in part])
+        _UNREAD.append(weakref.ref(self))
 
     def part(self, j: int) -> tuple:
         """(total, count, moved) of piece ``j``, as host numbers."""
         if self._host is None:
-            self._host, self._vals = self._vals.tolist(), None
+            _read_unread()
         k, h = len(self.numels), self._host
         if self.kind == "relative":
             return h[j], h[k + j], h[2 * k + j]
         if self.kind == "absolute":
             return h[j], self.numels[j], 0.0
         return h[j], h[k + j], 0.0
+
+
+# DeviceBatches whose sums are not read to the host yet (weakly: a batch nobody asks for is not kept).
+_UNREAD: list = []
+
+
+def _read_unread() -> None:
+    """Every unread DeviceBatch's sums to the host: one concatenation and one transfer per device."""
+    batches = [b for b in (r() for r in _UNREAD) if b is not None and b._host is None]
+    _UNREAD.clear()
+    by_device: dict = {}
+    for b in batches:
+        by_device.setdefault(b._vals.device, []).append(b)
+    for same in by_device.values():
+        values = torch.cat([b._vals for b in same]).tolist() if len(same) > 1 else same[0]._vals.tolist()
+        at = 0
+        for b in same:
+            n = b._vals.numel()
+            b._host, b._vals, at = values[at:at + n], None, at + n
 
 
 def _blocked_score(kind: str, old: torch.Tensor, new: torch.Tensor, refresh: bool) -> float:

@@ -221,3 +221,29 @@ def test_a_step_with_a_closure_is_torch_s_and_scored_against_snapshots():
     (a, ma), (b, mb) = run(None), run(BLOCK_NUMEL)
     assert _same(a, b)
     assert all(torch.equal(p, q) for p, q in zip(ma.parameters(), mb.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["relative", "absolute", "robust"])
+def test_device_sums_of_a_step_are_read_to_the_host_together(kind):
+    """The device path (BlockSums(host=False): a GPU's) keeps each optimizer call's sums on the device; the first
+    score read takes every call's sums to the host at once (one transfer a step, not one per call), each
+    layer's score the same as read alone."""
+    from slimfit.scheduler import scores
+
+    gen = torch.Generator().manual_seed(0)
+    pieces = [(torch.randn(300, generator=gen), torch.randn(300, generator=gen)) for _ in range(6)]
+    together = [BlockSums(kind, torch.float32, host=False) for _ in range(3)]
+    for call in range(3):   # three optimizer calls, each adding a piece to every layer
+        BlockSums.add_together([(sums, *pieces[2 * call + (i % 2)]) for i, sums in enumerate(together)])
+    pending = [batch for sums in together for batch, _ in sums._pending]
+    assert len({id(b) for b in pending}) == 3 and all(b._host is None for b in pending)
+    first = together[0].value()
+    assert all(b._host is not None for b in pending) and not scores._UNREAD   # every call read at once
+    alone = []
+    for i in range(3):
+        sums = BlockSums(kind, torch.float32, host=False)
+        for call in range(3):
+            BlockSums.add_together([(sums, *pieces[2 * call + (i % 2)])])
+            sums.value()   # read one call at a time
+        alone.append(sums.value())
+    assert [first] + [s.value() for s in together[1:]] == alone
