@@ -7,7 +7,6 @@ import pathlib
 
 import pytest
 
-import slimfit
 from slimfit import SlimFitConfig
 from slimfit._config_base import ConfigBase
 from slimfit.scheduler import SchedulerConfig

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from slimfit._optimizer_state import (HOLDERS, NEAREST_STATE_CODES, STATE_CODES, resolve_state_mode,
-                                      resolve_step_chunk_numel, unwrap_optimizer)
+from slimfit._optimizer_state import (
+    HOLDERS,
+    NEAREST_STATE_CODES,
+    STATE_CODES,
+    resolve_state_mode,
+    resolve_step_chunk_numel,
+    unwrap_optimizer,
+)
 
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .frozen_state import FrozenState, attach_frozen_state

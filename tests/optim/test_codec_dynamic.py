@@ -309,7 +309,7 @@ def _entries_are_the_calls_encodings(model, opt, ref, ref_opt, holder):
     calls = list(held_step._batches(params, states, [1.0] * len(params), 1024, "exp_avg" + Q8))
     assert any(len(call) > 1 for _, call in calls)   # packed calls: the seed rule is seen
     for _, call in calls:
-        for key, sqrt in (("exp_avg", False), ("exp_avg_sq", True)):
+        for key in ("exp_avg", "exp_avg_sq"):
             copies = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in states[i][key + Q8].items()}
                       for i, _, _ in call}
             codec.encode_ranges_([(copies[i], a, ref_opt.state[twin[params[i]]][key].reshape(-1)[a:b],

@@ -95,7 +95,7 @@ def test_a_range_alone_and_4_bit_ranges_are_encode_range_of_each(code, sqrt):
         items = _items(many, sqrt)
         if bits == 8:
             items = items[:1]
-        for (e1, a, b), (_, _, x, seed) in zip(_ranges(one), items):
+        for (e1, a, _), (_, _, x, seed) in zip(_ranges(one), items):
             codec.encode_range_(e1, a, x.clone(), seed=seed)
         codec.encode_ranges_([(e, a, x.clone(), seed) for e, a, x, seed in items])
         for e1, e2 in zip(one, many):

@@ -4,8 +4,12 @@ launches); an int or None as given; the planner predicts a CUDA step with the ch
 import pytest
 import torch
 
-from slimfit._optimizer_state import (DEFAULT_STEP_CHUNK_NUMEL, MAX_STEP_CHUNK_NUMEL, auto_step_chunk_numel,
-                                      resolve_step_chunk_numel)
+from slimfit._optimizer_state import (
+    DEFAULT_STEP_CHUNK_NUMEL,
+    MAX_STEP_CHUNK_NUMEL,
+    auto_step_chunk_numel,
+    resolve_step_chunk_numel,
+)
 from slimfit.scheduler import ILSScheduler, SchedulerConfig
 
 
