@@ -85,13 +85,14 @@ class FrozenState:
     through its frozen-set hook; ``restore_all()`` puts every state back; ``remove()`` restores and detaches.
     ``transfer``: one object with transfer.py's four methods used for every device in place of the
     device's own (slimfit.plan gives one whose host copies a fake CPU run of a CUDA step does not count).
-    ``code``/``bits``: how mode="compress" codes a moment: "linear" (8 bits, the default: per-group min/max,
-    ``stochastic`` rounding from ``seed``) or "dynamic" (8 or 4 bits: block-wise dynamic codes of
-    ``group_size`` elements, ``stochastic`` rounding from ``seed`` as well; codec.py, dynamic_code.py).
+    ``code``/``bits``: how mode="compress" codes a moment: "dynamic" (8 or 4 bits, the default 8, as the
+    scheduler's default state_code "dynamic8": block-wise dynamic codes of ``group_size`` elements,
+    ``stochastic`` rounding from ``seed``) or "linear" (8 bits: per-group min/max, ``stochastic`` rounding from
+    ``seed`` as well; codec.py, dynamic_code.py).
     """
 
     def __init__(self, optimizer, mode: str = "compress", *, group_size: int = 128, stochastic: bool = True,
-                 seed: int = 0, between_steps: bool = False, transfer=None, code: str = "linear", bits: int = 8):
+                 seed: int = 0, between_steps: bool = False, transfer=None, code: str = "dynamic", bits: int = 8):
         _check_options(mode, group_size, seed, code, bits)
         self.code, self.bits = code, int(bits)
         if code == "dynamic":

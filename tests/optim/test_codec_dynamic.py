@@ -248,7 +248,7 @@ def test_dynamic_entries_without_the_rounding_key_load_and_stay_nearest():
 
 def test_bad_codes_are_refused():
     x = torch.randn(300)
-    for kwargs, words in ((dict(code="log"), "code must be one of"), (dict(bits=4), "8-bit only"),
+    for kwargs, words in ((dict(code="log"), "code must be one of"), (dict(code="linear", bits=4), "8-bit only"),
                           (dict(code="dynamic", bits=2), "8 or 4 bits"),
                           (dict(code="dynamic", group_size=100), "block size")):
         with pytest.raises(ValueError, match=words):
@@ -338,12 +338,13 @@ def test_frozen_layers_hold_dynamic_entries_and_bytes_are_counted(bits):
 
 def test_frozen_state_option_errors_name_the_choices():
     opt = torch.optim.AdamW(build(0).parameters())
-    for bad, words in ((dict(code="nf4"), "code must be one of"), (dict(bits=4), "8-bit only"),
+    for bad, words in ((dict(code="nf4"), "code must be one of"), (dict(code="linear", bits=4), "8-bit only"),
                        (dict(code="dynamic", bits=6), "8 or 4 bits"), (dict(code="dynamic", bits="8"), "bits must"),
                        (dict(code="dynamic", group_size=100), "block size")):
         with pytest.raises(ValueError, match=words):
             FrozenState(opt, **bad)
     assert FrozenState(opt, code="dynamic", bits=4).codec_options()["code"] == "dynamic"
+    assert FrozenState(opt).codec_options()["code"] == "dynamic"   # the scheduler's default code, dynamic8
 
 
 def test_fake_tensors_encode_and_decode():

@@ -14,7 +14,7 @@ def _setup(mode="compress", rate=0.5, seed=0, **sched_options):
     model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=None, **sched_options)
-    frozen_state = attach_frozen_state(sched, opt, mode=mode, seed=seed)
+    frozen_state = attach_frozen_state(sched, opt, mode=mode, seed=seed, code="linear")   # the bounds below: linear
     return model, opt, sched, frozen_state
 
 
@@ -65,7 +65,7 @@ def test_restored_state_within_the_stated_bounds():
             if st and "exp_avg" in st:
                 before[id(p)] = (st["exp_avg"].clone(), st["exp_avg_sq"].clone())
     sched.register_frozen_set_hook(record)
-    attach_frozen_state(sched, opt)
+    attach_frozen_state(sched, opt, code="linear")
     batch = data()
     for _ in range(8):
         held = {id(p) for p in frozen_params(sched) if any(k.endswith(Q8) for k in opt.state.get(p, {}))}

@@ -15,7 +15,7 @@ def _measured(mode):
     model = build(0, d=256, depth=4)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
-    frozen_state = attach_frozen_state(sched, opt, mode=mode) if mode else None
+    frozen_state = attach_frozen_state(sched, opt, mode=mode, code="linear") if mode else None
     batch = data()
     train(model, opt, batch, 4, sched=sched)
     frozen = [p for p in frozen_params(sched) if p in opt.state]

@@ -17,7 +17,7 @@ def _held_setup(chunk=1000, seed=0):
     model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     step = ChunkedStep(opt, chunk_numel=chunk)
-    holder = FrozenState(opt, "compress", between_steps=True, seed=seed)
+    holder = FrozenState(opt, "compress", between_steps=True, seed=seed, code="linear")   # its bounds: linear
     return model, opt, step, holder
 
 
@@ -155,7 +155,7 @@ def test_no_moment_is_ever_in_full():
     model = Emb()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ChunkedStep(opt, chunk_numel=1 << 16)
-    holder = FrozenState(opt, "compress", between_steps=True)
+    holder = FrozenState(opt, "compress", between_steps=True, code="linear")
     ids = torch.randint(0, 20000, (6, 7), generator=torch.Generator().manual_seed(0))
     model(ids).square().mean().backward()    # the state exists, as in every later step
     opt.step()

@@ -211,7 +211,8 @@ def test_checkpoint_with_held_frozen_state():
     twin_params = dict(zip(map(id, model.parameters()), twin.parameters()))
     for p in held.held_params():
         a, b = opt.state[p], twin_opt.state[twin_params[id(p)]]
-        assert all(torch.equal(a["exp_avg@slimfit_q8"][k], b["exp_avg@slimfit_q8"][k]) for k in ("codes", "scale"))
+        ea, eb = a["exp_avg@slimfit_q8"], b["exp_avg@slimfit_q8"]
+        assert all(torch.equal(v, eb[k]) for k, v in ea.items() if isinstance(v, torch.Tensor))
     train(model, opt, batch, 2, sched=sched)
     train(twin, twin_opt, batch, 2, sched=twin_sched)
     assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(twin)))
