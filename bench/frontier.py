@@ -18,6 +18,10 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   adamw8bit-torchao     full fine-tuning with torchao's AdamW8bit (block-wise 8-bit moments)
   adamw8bit-bnb         full fine-tuning with bitsandbytes' AdamW8bit
   badam                 BAdam's BlockOptimizer: one transformer block trains at a time (state for it only)
+  recipe                the full fine-tuning recipe people run (torchtune's stack): gradient checkpointing +
+                        bitsandbytes' 8-bit AdamW stepped inside backward (slimfit.optim.step_in_backward over
+                        it: each gradient freed after its parameter's step) + chunked CE (a causal LM's loss
+                        through slimfit's chunked linear + cross-entropy, nothing else patched)
   cce                   (decoders) Apple's cut-cross-entropy for the LM head (impl torch_compile on the CPU)
   slimfit-exact / -paper / -aggressive   slimfit.patch(preset) + ILSScheduler at its default rate (0.7),
                         AdamW over every parameter, frozen_state=None (a frozen layer keeps the state it made
@@ -67,6 +71,7 @@ CASES = {  # name -> (architecture, batch, seq)
     "bert-16": ("bert-base", 16, 128), "bert-64": ("bert-base", 64, 128),
     "smollm2-2048": ("smollm2-135m", 1, 2048), "smollm2-8192": ("smollm2-135m", 1, 8192),
     "bert-128": ("bert-base", 128, 128),  # the GPU shape
+    "qwen0.5b-1024": ("qwen2.5-0.5b", 1, 1024),   # a real LLM's shape: 494M parameters, a 152k vocabulary
 }
 DEFAULT_CASES = "bert-16,smollm2-2048"
 FIELDS = ["case", "model", "batch", "seq", "method", "status", "step_peak_mib", "resident_mib", "weights_mib",
@@ -83,8 +88,9 @@ class Method:
     cce: bool = False
     decoder_only: bool = False
     frozen_state: str | None = None  # slimfit.optim.attach_frozen_state mode (with the scheduler)
-    in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's AdamW step in backward
+    in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's step in backward
     between_steps: bool = False      # FrozenState(between_steps=True): the trained layers' state held too
+    chunked_ce: bool = False         # a causal LM's loss through slimfit's chunked linear + cross-entropy alone
 
     @property
     def slimfit(self) -> bool:
@@ -109,6 +115,7 @@ METHODS = {
     "slimfit-paper+q8all": Method(preset="paper", frozen_state="compress", between_steps=True),
     "slimfit-aggressive+q8all": Method(preset="aggressive", frozen_state="compress", between_steps=True),
     "slimfit-paper+offload": Method(preset="paper", frozen_state="offload"),
+    "recipe": Method(ckpt=True, optimizer="bnb8", in_backward=True, chunked_ce=True),
 }
 
 
@@ -134,6 +141,10 @@ def _optimizer(method: Method, model, params):
     if method.in_backward:
         from slimfit.optim import step_in_backward
 
+        if method.optimizer == "bnb8":
+            import bitsandbytes as bnb
+
+            return step_in_backward(model, bnb.optim.AdamW8bit, lr=0.0)
         return step_in_backward(model, torch.optim.AdamW, lr=0.0)
     if method.optimizer == "torchao8":
         from torchao.optim import AdamW8bit
@@ -207,6 +218,8 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
         model = _lora(model, arch)
     if method.cce:
         model = _CutCrossEntropy(model)
+    if method.chunked_ce and arch.task == archs.CAUSAL_LM:   # torchtune's chunked CE: no other patch
+        slimfit.patch(model, SlimFitConfig(dropout="torch", lm_head_chunk_rows=256))
     scheduler = None
     if method.slimfit:
         slimfit.patch(model, SlimFitConfig.preset(method.preset))
