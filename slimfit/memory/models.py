@@ -153,22 +153,11 @@ def resolve(name: str) -> Architecture:
 # ------------------------------------------------------------------ building blocks
 def build(arch: Architecture | str, *, attn_implementation: str = "sdpa", image_size: int | None = None,
           seed: int = 0, num_labels: int = 2):
-    """The model of `arch` with random weights (seeded), in train mode."""
-    import torch
-    import transformers
-
+    """The model of `arch` with random weights (seeded), in train mode: build_model of its ModelRef (one way
+    to build a model; the same weights bit for bit as the config built with these overrides)."""
     arch = resolve(arch) if isinstance(arch, str) else arch
-    overrides = dict(arch.config)
-    if arch.task != CAUSAL_LM:
-        overrides["num_labels"] = num_labels
-    if arch.task == IMAGE_CLS and image_size is not None:
-        overrides["image_size"] = image_size
-    config = getattr(transformers, arch.config_class)(**overrides)
-    torch.manual_seed(seed)
-    model = getattr(transformers, arch.model_class)(config)
-    model.set_attn_implementation(attn_implementation)
-    model.train()
-    return model
+    return build_model(_from_architecture(arch), attn=attn_implementation, image_size=image_size, seed=seed,
+                       num_labels=num_labels)
 
 
 def max_tokens(model) -> int | None:
@@ -296,7 +285,7 @@ def resolve_model(model, task: str | None = None) -> ModelRef:
     return ref
 
 
-def _config_for(ref: ModelRef, layers: int | None, image_size: int | None):
+def _config_for(ref: ModelRef, layers: int | None, image_size: int | None, num_labels: int = 2):
     """A copy of the ref's config with the build's overrides (depth, image size, labels)."""
     config = copy.deepcopy(ref.config)
     if layers is not None:
@@ -307,23 +296,24 @@ def _config_for(ref: ModelRef, layers: int | None, image_size: int | None):
     if ref.task == IMAGE_CLS and image_size is not None:
         config.image_size = image_size
     if ref.task != CAUSAL_LM:
-        config.num_labels = 2
+        config.num_labels = num_labels
     return config
 
 
 def build_model(ref: ModelRef, *, attn: str = "sdpa", layers: int | None = None, image_size: int | None = None,
-                seed: int = 0, init: bool = True, dtype: str = "float32"):
+                seed: int = 0, init: bool = True, dtype: str = "float32", num_labels: int = 2):
     """The model of `ref` from its config, seeded random weights, train mode, `attn` attention, its parameters
     and buffers in `dtype` (a torch dtype name: bfloat16 holds the model as from_pretrained(torch_dtype=...)
-    does). Under a FakeTensorMode the parameters are fake: nothing is allocated (init=False skips the weight
-    initialisation, whose values fake tensors do not have: rejection loops read them)."""
+    does), `num_labels` classes for a classifier. Under a FakeTensorMode the parameters are fake: nothing is
+    allocated (init=False skips the weight initialisation, whose values fake tensors do not have: rejection
+    loops read them)."""
     import contextlib
 
     import torch
     import transformers
     from transformers.initialization import no_init_weights
 
-    config = _config_for(ref, layers, image_size)
+    config = _config_for(ref, layers, image_size, num_labels)
     torch.manual_seed(seed)
     with contextlib.nullcontext() if init else no_init_weights():
         if ref.model_class:
