@@ -34,6 +34,8 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-exact+q8 / slimfit-aggressive+q8   the same with exact() / aggressive()
   slimfit-paper+q8+inbwd   the same with each parameter's AdamW step taken in backward (step_in_backward)
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
+  slimfit-paper+q8all+inbwd+ckpt  the same with gradient checkpointing: the recipe's stack with slimfit's
+                        scheduler and compression
   slimfit-paper+q8all / slimfit-aggressive+q8all   every layer's AdamW state 8-bit in a plain loop (the scheduler's
                         frozen_state="compress_all": the chunked step decodes, updates and encodes the moments a
                         piece at a time); slimfit-paper+q8all is the scheduler's default (frozen_state="auto")
@@ -112,6 +114,8 @@ METHODS = {
     "slimfit-paper+q8+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True),
     "slimfit-paper+q8all+inbwd": Method(preset="paper", frozen_state="compress", in_backward=True,
                                         between_steps=True),
+    "slimfit-paper+q8all+inbwd+ckpt": Method(preset="paper", frozen_state="compress", in_backward=True,
+                                             between_steps=True, ckpt=True),
     "slimfit-paper+q8all": Method(preset="paper", frozen_state="compress", between_steps=True),
     "slimfit-aggressive+q8all": Method(preset="aggressive", frozen_state="compress", between_steps=True),
     "slimfit-paper+offload": Method(preset="paper", frozen_state="offload"),
