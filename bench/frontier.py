@@ -172,12 +172,12 @@ def _hold_frozen_state(setup, scheduler, mode: str, between_steps: bool) -> None
     """slimfit.optim's FrozenState on the setup's optimizer, and one step so that it holds what it holds in
     every later step: every layer's AdamW state made first (a layer frozen now trained earlier), then the
     scheduler's step holds the frozen layers' state (the measured step finds it held)."""
-    from slimfit._optimizer_state import NEAREST_STATE_CODES, STATE_CODES
     from slimfit.optim import attach_frozen_state
+    from slimfit.optim.attach import state_code_options
 
-    code, bits = STATE_CODES[scheduler.config.state_code]   # the moments coded as the scheduler's own holder codes them
-    attach_frozen_state(scheduler, setup.optimizer, mode=mode, between_steps=between_steps, code=code, bits=bits,
-                        stochastic=scheduler.config.state_code not in NEAREST_STATE_CODES)
+    # the moments coded as the scheduler's own holder codes them
+    attach_frozen_state(scheduler, setup.optimizer, mode=mode, between_steps=between_steps,
+                        **state_code_options(scheduler.config.state_code))
     archs.prime_optimizer(setup.optimizer)
     setup.step()
 

@@ -24,7 +24,7 @@ from slimfit._optimizer_state import (
 from .chunked_step import ChunkedStep, attach_chunked_step
 from .frozen_state import FrozenState, attach_frozen_state
 
-__all__ = ["attach_optimizer_side", "step_kind"]
+__all__ = ["attach_optimizer_side", "step_kind", "state_code_options"]
 
 
 def attach_optimizer_side(scheduler, optimizer, chunked: bool = True
@@ -82,7 +82,11 @@ def _holder(scheduler, optimizer, step: Optional[ChunkedStep]) -> Optional[Froze
                          "device for its own step inside backward: build the optimizer with "
                          "slimfit.optim.step_in_backward(model, torch.optim.AdamW, ...), or choose 'host-frozen' "
                          "(the frozen layers' moments on the host) for this optimizer")
-    code, bits = STATE_CODES[config.state_code]
     return attach_frozen_state(scheduler, optimizer, mode=held, seed=scheduler.run_seed % 2**62,
-                               between_steps=between_steps, code=code, bits=bits,
-                               stochastic=config.state_code not in NEAREST_STATE_CODES)
+                               between_steps=between_steps, **state_code_options(config.state_code))
+
+
+def state_code_options(state_code: str) -> dict:
+    """FrozenState's code, bits and stochastic for a SchedulerConfig.state_code."""
+    code, bits = STATE_CODES[state_code]
+    return {"code": code, "bits": bits, "stochastic": state_code not in NEAREST_STATE_CODES}

@@ -214,18 +214,10 @@ def decode_range(entry: dict, start: int, end: int) -> torch.Tensor:
 def encode_range_(entry: dict, start: int, x: torch.Tensor, *, seed: int) -> None:
     """Encode ``x`` (flat) into elements [start, start + x.numel()) of the entry, in place; start a multiple
     of the group size, and the range the whole last group it touches (or the tensor's end)."""
-    end = start + x.numel()
-    a, b = _group_range(entry, start, end)
-    if _dynamic(entry):
-        codes, absmax = dynamic_code.quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), int(entry["bits"]),
-                                               dynamic_code.rounds_stochastically(entry), seed)
-        entry["codes"].view(-1)[dynamic_code.code_slice(entry, start, end)].copy_(codes)
-        entry["absmax"][a:b].copy_(absmax)
-        return
-    q = _quantized(x, bool(entry["sqrt"]), int(entry["group_size"]), bool(entry["stochastic"]), seed)
-    entry["codes"].view(-1)[start:end].copy_(q.codes.view(-1))
-    entry["scale"][a:b].copy_(q.scale.view(-1))
-    entry["offset"][a:b].copy_(q.offset.view(-1))
+    x = x.detach()
+    if entry["sqrt"] and not _dynamic(entry):   # the linear code quantizes sqrt(v) (_quantized's root)
+        x = x.float().clamp_min(0).sqrt_()
+    _encode_alone(entry, start, x, seed, lambda dst, src: dst.copy_(src))
 
 
 # ---------------------------------------------------------------- many ranges at a time
