@@ -184,6 +184,46 @@ def test_bf16_autocast_error_within_twice_pytorchs_own():
         assert rel_err(a, e) <= 2 * rel_err(r, e) + 1e-6
 
 
+def test_bf16_weights_error_within_twice_pytorchs_own():
+    """A head held in bf16 (no autocast): the weight gradient is formed a vocabulary block at a time with fp32
+    sums over the chunks of rows, so its error against the fp32 answer stays within twice PyTorch's own."""
+    hidden, weight, b, labels = _setup()
+    exact = hf_loss(F.linear(hidden, weight, b), labels, V)
+    exact_g = _grads(exact, [hidden, weight, b])
+    half = [t.detach().bfloat16().requires_grad_() for t in (hidden, weight, b)]
+    ref = hf_loss(F.linear(*half), labels, V)
+    got = causal_lm_loss(*half, labels, chunk_rows=4)  # 39 rows in 10 chunks, 101 classes in 7 blocks
+    for a, r, e in zip(_grads(got, half), _grads(ref, half), exact_g):
+        assert a.dtype == torch.bfloat16
+        assert rel_err(a.float(), e) <= 2 * rel_err(r.float(), e) + 1e-6
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, vocab, hidden_size, dtype):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter((torch.randn(vocab, hidden_size, generator=g) / 8).to(dtype))
+
+    def forward(self, hidden, labels):
+        return causal_lm_loss(hidden, self.weight, None, labels, chunk_rows=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_holds_no_vocab_wide_fp32_accumulator(dtype):
+    """The step's peak beyond the head and its gradient is a few chunks' worth, not a (vocab, hidden) fp32
+    sum nor a vocab-wide product per chunk (0.8 GiB at a 152k vocabulary, hidden 896, in bf16)."""
+    from slimfit.memory import measure_step
+
+    vocab, hidden_size, rows = 4096, 256, 128   # (vocab, hidden) fp32: 8 chunks of logits, as at a real LLM's 3.5
+    head = _Head(vocab, hidden_size, dtype)
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(1, rows, hidden_size, generator=g).to(dtype), torch.randint(0, vocab, (1, rows), generator=g))
+    run = measure_step(head, batch)
+    head_bytes = head.weight.numel() * head.weight.element_size()
+    chunk = 32 * vocab * 4   # one chunk's fp32 logits
+    assert run.total - run.resident <= head_bytes + 4 * chunk, (run.total - run.resident, head_bytes, chunk)
+
+
 def _saved_numels(fn):
     numels = []
 
