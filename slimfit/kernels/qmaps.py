@@ -51,6 +51,7 @@ of the right size: under FakeTensorMode only shapes matter).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -120,23 +121,26 @@ def linear_unsigned(bits: int = 4) -> torch.Tensor:
 
 MAPS = {"signed": _signed, "unsigned": _unsigned, "linear_unsigned": _linear_unsigned}
 _ON_DEVICE: dict = {}
-_FAKE_MAPS = "_slimfit_qmaps"   # a FakeTensorMode's own maps, an attribute of the mode: they live and go with it
+# A FakeTensorMode's maps, by the mode's id, held weakly: a fake map lives as long as someone holds it (a
+# planned step's FrozenState, as a real run's holds the real one through _ON_DEVICE). Not an attribute of the
+# mode: mode -> maps -> fake tensor -> mode is a cycle that keeps modes alive until a GC pass, and torch
+# crashed converting tensors while such a pass collected one (2 threads, tests/plan). A live map holds its
+# mode, so the id cannot be reused while its entry exists.
+_FAKE_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def on_device(kind: str, bits: int, like: torch.Tensor) -> torch.Tensor:
     """The map ``kind`` at ``bits`` on ``like``'s device, cached (never modify it). For a fake tensor (a
-    FakeTensorMode's: slimfit.plan) an empty map of the right size made like it, cached for that mode (so a
-    planned step holds its maps as a real run holds the real ones)."""
+    FakeTensorMode's: slimfit.plan) an empty map of the right size made like it, shared while anyone holds it
+    (a planned step's FrozenState holds its maps as a real run holds the real ones)."""
     _check_bits(bits)
     key = (kind, bits, like.device)
     if isinstance(like, FakeTensor):
-        maps = getattr(like.fake_mode, _FAKE_MAPS, None)
-        if maps is None:
-            maps = {}
-            setattr(like.fake_mode, _FAKE_MAPS, maps)
-        if key not in maps:
-            maps[key] = like.new_empty(LEVELS[bits], dtype=torch.float32)
-        return maps[key]
+        fake_key = (id(like.fake_mode),) + key
+        qmap = _FAKE_MAPS.get(fake_key)
+        if qmap is None:
+            qmap = _FAKE_MAPS[fake_key] = like.new_empty(LEVELS[bits], dtype=torch.float32)
+        return qmap
     qmap = _ON_DEVICE.get(key)
     if qmap is None:
         with unset_fake_temporarily():   # a real map, even when a real tensor is met under a FakeTensorMode

@@ -105,13 +105,14 @@ def _map(sqrt: bool, bits: int, like: torch.Tensor) -> torch.Tensor:
     return qmaps.on_device("unsigned" if sqrt else "signed", bits, like)
 
 
-def make_maps(optimizer, bits: int) -> None:
-    """The maps of both moments made on every device of ``optimizer``'s parameters now (qmaps caches them: a
-    few KB, for the run), not inside the first optimizer step: a step's measured peak (slimfit.memory) is then
-    the same for the first step run in a process and for any later one, as the planner predicts it."""
-    for device_of in {p.device: p for g in optimizer.param_groups for p in g["params"]}.values():
-        for sqrt in (False, True):
-            _map(sqrt, bits, device_of)
+def make_maps(optimizer, bits: int) -> list[torch.Tensor]:
+    """The maps of both moments made on every device of ``optimizer``'s parameters now, not inside the first
+    optimizer step: a step's measured peak (slimfit.memory) is then the same for the first step run in a
+    process and for any later one, as the planner predicts it. Real maps stay cached for the run (a few KB);
+    the caller holds the returned list, which keeps a planned (fake) step's maps alive as long as it."""
+    return [_map(sqrt, bits, device_of)
+            for device_of in {p.device: p for g in optimizer.param_groups for p in g["params"]}.values()
+            for sqrt in (False, True)]
 
 
 def rounds_stochastically(entry: dict) -> bool:

@@ -95,8 +95,8 @@ class FrozenState:
                  seed: int = 0, between_steps: bool = False, transfer=None, code: str = "dynamic", bits: int = 8):
         _check_options(mode, group_size, seed, code, bits)
         self.code, self.bits = code, int(bits)
-        if code == "dynamic":
-            dynamic_code.make_maps(unwrap_optimizer(optimizer), int(bits))
+        # held for this object's life (a planned step's fake maps live no longer than it; real ones are cached)
+        self._maps = dynamic_code.make_maps(unwrap_optimizer(optimizer), int(bits)) if code == "dynamic" else []
         # Weak: the optimizer's hooks hold this object, so a strong reference back would be a cycle that keeps
         # the optimizer (and the model) alive after the user's last reference goes (tests/test_no_reference_cycles.py).
         # The hooks keep this object alive exactly as long as the optimizer.
