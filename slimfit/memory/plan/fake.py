@@ -24,13 +24,14 @@ between the tracker and the fake mode) keeps it on the real path:
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["SMALL_NUMEL", "new_fake_mode", "PlanMode", "is_fake", "fake_batch", "masks_read_as_data",
-           "fake_parameters"]
+           "fake_parameters", "deepcopy_by_clone"]
 
 SMALL_NUMEL = 4096
 
@@ -80,6 +81,42 @@ def masks_read_as_data():
         yield
     finally:
         import_utils.is_fake_tensor = original
+
+
+def _deepcopy_fake(t, memo):
+    """copy.deepcopy of a fake tensor: a fake clone, a Parameter again if it was one, its grad copied."""
+    if id(t) in memo:
+        return memo[id(t)]
+    with torch.no_grad():
+        new = t.clone()
+    if isinstance(t, torch.nn.Parameter):
+        new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+    elif t.requires_grad:
+        new.requires_grad_()
+    if t.grad is not None:
+        new.grad = copy.deepcopy(t.grad, memo)
+    memo[id(t)] = new
+    return new
+
+
+@contextlib.contextmanager
+def deepcopy_by_clone():
+    """copy.deepcopy of fake tensors by clone while the planned step is built (peft deep-copies the head it
+    trains beside LoRA, modules_to_save). torch's Tensor.__deepcopy__ deep-copies a tensor's __dict__, which for
+    a fake tensor holds its FakeTensorMode: copying the mode's converters and caches corrupted the heap, and
+    `slimfit plan --fit` segfaulted at its second LoRA prediction (bert-tiny: 5 runs in 5)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    had = "__deepcopy__" in FakeTensor.__dict__
+    before = FakeTensor.__dict__.get("__deepcopy__")
+    FakeTensor.__deepcopy__ = _deepcopy_fake
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensor.__deepcopy__ = before
+        else:
+            del FakeTensor.__deepcopy__
 
 
 def fake_parameters(model, fake_mode) -> int:

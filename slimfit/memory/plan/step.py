@@ -223,9 +223,9 @@ def _building(fake):
     if fake is None:
         yield
         return
-    from .fake import PlanMode
+    from .fake import PlanMode, deepcopy_by_clone
 
-    with fake, PlanMode(fake_mode=fake):
+    with fake, PlanMode(fake_mode=fake), deepcopy_by_clone():
         yield
 
 
