@@ -11,9 +11,10 @@ logsumexp per row. What is saved depends on what needs a gradient (the scheduler
 
 * trainable head weight (or bias): the input rows (compute dtype), the fp32 logsumexp per row and
   the labels; backward recomputes each chunk's logits and forms the input and bias gradients chunk
-  by chunk, then the weight gradient a block of vocabulary rows at a time (the block's logits
-  recomputed for every chunk, summed in fp32, rounded once): two extra head GEMMs, and no
-  (vocab, hidden) fp32 sum at the peak (6x a bf16 head's bytes);
+  by chunk; an fp32 head computed in fp32 has its weight gradient summed in place in that pass
+  (one extra head GEMM); any other head's weight gradient is formed a block of vocabulary rows at a
+  time (the block's logits recomputed for every chunk, summed in fp32, rounded once): two extra
+  head GEMMs, and no (vocab, hidden) fp32 sum at the peak (6x a bf16 head's bytes);
 * frozen head (only the input needs a gradient): the input gradient is formed in forward, chunk by
   chunk, and is the only thing saved (as many bytes as the input); backward scales it by the
   incoming gradient. No logits are recomputed and no weight-gradient GEMM runs.
@@ -211,10 +212,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with no_autocast(ctx.device_type):
             w = weight.to(cd)
             b = cast(bias, cd)
-            if need_x or need_b:
-                grad_x, grad_b = _input_and_bias_grads(rows, w, b, ctx.x_dtype if need_x else None,
-                                                      ctx.b_dtype if need_b else None)
-            if need_w:
+            # an fp32 head computed in fp32: its gradient is summed in place in the one pass (addmm_: no product
+            # of the head's size per chunk, no extra GEMM); otherwise a block of vocabulary rows at a time
+            in_place = need_w and cd == torch.float32 and ctx.w_dtype == torch.float32
+            if need_x or need_b or in_place:
+                grad_x, grad_b, grad_w = _one_pass(rows, w, b, ctx.x_dtype if need_x else None,
+                                                   ctx.b_dtype if need_b else None, in_place)
+            if need_w and not in_place:
                 grad_w = _weight_grad(rows, w, b, ctx.w_dtype)
         grad_x = None if grad_x is None else _all_rows(grad_x, keep, ctx.rows, fill)
         return grad_x, grad_w, grad_b, None, None, None, None, None
@@ -245,12 +249,14 @@ class _RowGrads:
         return probs if slope is None else probs.mul_(slope)
 
 
-def _input_and_bias_grads(rows: _RowGrads, w: torch.Tensor, b, x_dtype, b_dtype):
-    """The input's gradient (x_dtype, None: not needed) and the bias's (b_dtype, None: not needed), a chunk
-    of rows at a time over the whole vocabulary: the only vocabulary-wide memory is one chunk's logits."""
+def _one_pass(rows: _RowGrads, w: torch.Tensor, b, x_dtype, b_dtype, weight_in_place: bool):
+    """(input gradient in x_dtype, bias gradient in b_dtype, fp32 weight gradient), each None when not asked
+    (x_dtype / b_dtype None, weight_in_place False), a chunk of rows at a time over the whole vocabulary: the
+    only vocabulary-wide memory is one chunk's logits (and the weight gradient itself, summed in place)."""
     n, cd = rows.x.shape[0], w.dtype
     grad_x = torch.empty(rows.x.shape, dtype=x_dtype, device=w.device) if x_dtype is not None else None
     grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if b_dtype is not None else None
+    grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if weight_in_place else None
     for start in range(0, n, rows.chunk_rows):
         end = min(start + rows.chunk_rows, n)
         g = rows.grad_logits(start, end, w, b).to(cd)
@@ -258,7 +264,9 @@ def _input_and_bias_grads(rows: _RowGrads, w: torch.Tensor, b, x_dtype, b_dtype)
             grad_x[start:end] = g.mm(w).to(x_dtype)
         if grad_b is not None:
             grad_b += g.sum(0)
-    return grad_x, (None if grad_b is None else grad_b.to(b_dtype))
+        if grad_w is not None:
+            grad_w.addmm_(g.t(), rows.x[start:end])
+    return grad_x, (None if grad_b is None else grad_b.to(b_dtype)), grad_w
 
 
 def _weight_grad(rows: _RowGrads, w: torch.Tensor, b, w_dtype) -> torch.Tensor:
