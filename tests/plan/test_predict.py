@@ -29,8 +29,9 @@ def test_plain_step_is_exact_to_the_byte_with_the_same_parts():
     spec = CASES[0]
     predicted, measured = predict(spec), measure(spec)
     assert predicted.total == measured.total and predicted.parts() == measured.parts()
-    assert predicted.params == sum(p.numel() for p in
-                                   __import__("slimfit").architectures.build("bert-tiny").parameters())
+    from slimfit import architectures   # imported here: the attribute exists only once the module is loaded
+
+    assert predicted.params == sum(p.numel() for p in architectures.build("bert-tiny").parameters())
 
 
 def test_prediction_allocates_nothing_at_full_size_and_keeps_the_random_state():
