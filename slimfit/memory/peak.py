@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -61,6 +62,18 @@ WEIGHTS, OPTIMIZER, GRADIENTS, SAVED, TRANSIENT = range(5)
 _ROLE_PART = {WEIGHTS: "weights", OPTIMIZER: "optimizer_state", GRADIENTS: "gradients", SAVED: "saved",
               TRANSIENT: "transient"}
 _FRESH_INPUT_OPS = {"aten::lift_fresh", "aten::lift_fresh_copy"}  # torch.tensor(data): the input is new
+# Frames between an op's caller and a dispatch mode: torch's wrappers, and the modes of slimfit.memory
+_DISPATCH_FRAMES = ("/torch/_dynamo/", "/torch/_compile.py", "/torch/utils/_python_dispatch.py",
+                    "/slimfit/memory/peak.py", "/slimfit/memory/plan/fake.py", "/torch/_ops.py")
+
+
+def _from_autograd_engine() -> bool:
+    """Whether the op being dispatched was called by autograd's engine itself (no Python frame of a backward
+    function in between): the engine's own sums of two gradients of one tensor are such ops."""
+    frame = sys._getframe(2)
+    while frame is not None and any(part in frame.f_code.co_filename for part in _DISPATCH_FRAMES):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_name == "_engine_run_backward"
 
 
 @dataclasses.dataclass
@@ -139,6 +152,7 @@ class _Tracker(TorchDispatchMode):
         self.phases: list[tuple[str, int]] = []  # (phase, index of its first sample)
         self.backfill: list[tuple[int, int]] = []  # (bytes, sample index): resident storages found late
         self.entry = 0                         # bytes registered as resident before the step
+        self.engine_sum = None                 # (keys of the summands, the sum's record, its sample index)
 
     def _storage(self, t: torch.Tensor):
         if t.device != self.device:
@@ -202,14 +216,33 @@ class _Tracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.settle_engine_sum()
         if func._schema.name not in _FRESH_INPUT_OPS:
             for t in _tensors((args, kwargs)):
                 self.found(t)
         out = func(*args, **kwargs)
+        rec = None
         for t in _tensors(out):
-            self.add(t, TRANSIENT, born=len(self.samples))
+            rec = self.add(t, TRANSIENT, born=len(self.samples))
         self.samples.append(self.now)
+        if func is torch.ops.aten.add.Tensor and not kwargs and rec is not None and _from_autograd_engine():
+            keys = [self._storage(t) for t in args[:2] if isinstance(t, torch.Tensor)]
+            if len(keys) == 2 and None not in keys:
+                self.engine_sum = ([k._cdata for k in keys], rec, len(self.samples) - 1)
         return out
+
+    def settle_engine_sum(self) -> None:
+        """Autograd sums two gradients of one tensor in place into a summand it holds the last reference to,
+        unless a dispatch mode is active (torch's InputBuffer): under this tracker it makes a third tensor. The
+        summand freed right after the sum is the one a run without the tracker adds into: the sum is then
+        counted from the next sample on, as that summand's storage continuing (tied embeddings, residuals)."""
+        if self.engine_sum is None:
+            return
+        keys, rec, sample = self.engine_sum
+        self.engine_sum = None
+        if any(key not in self.live for key in keys) and rec.born == sample:
+            self.samples[sample] -= rec.nbytes
+            rec.born = sample + 1
 
     def detach(self) -> None:
         """Stop listening to frees (the step is over): drop the weakrefs and their callbacks."""
@@ -384,6 +417,7 @@ def measure_step(
 
 
 def _result(tracker: _Tracker, name: str, device: str) -> StepMemory:
+    tracker.settle_engine_sum()
     full = tracker.series()
     peak = max(range(len(full)), key=full.__getitem__)
     sample = peak - 1
