@@ -89,10 +89,15 @@ class LinearCrossEntropyOptions:
 
 
 def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-                       row_scale: torch.Tensor) -> torch.Tensor:
+                       row_scale: torch.Tensor, first_class: int | None = None) -> torch.Tensor:
     """d loss / d logits of one chunk (fp32, in place on `logits`): (softmax - onehot) * row_scale,
-    zero on ignored rows of finite logits (row_scale is 0 · grad there: 0, or NaN for a NaN/Inf grad)."""
+    zero on ignored rows of finite logits (row_scale is 0 · grad there: 0, or NaN for a NaN/Inf grad).
+    first_class: the logits are a block of classes from there on; only the labels inside it get their -1."""
     probs = logits.sub_(lse.unsqueeze(1)).exp_()
+    if first_class is not None:
+        labels = labels - first_class
+        valid = valid & (labels >= 0) & (labels < probs.shape[1])
+        labels = torch.where(valid, labels, 0)
     probs.scatter_add_(1, labels.unsqueeze(1), -valid.to(probs.dtype).unsqueeze(1))
     return probs.mul_(row_scale.unsqueeze(1))
 
@@ -237,16 +242,13 @@ class _RowGrads:
     chunk_rows: int
     softcap: float | None
 
-    def grad_logits(self, start: int, end: int, w: torch.Tensor, b, first_class: int = 0) -> torch.Tensor:
-        """d loss / d logits of rows [start, end) over the classes of ``w`` (a block of the head's rows from
-        ``first_class`` on, or all of it), fp32: (softmax - onehot) * row_scale, times the soft-cap's slope."""
+    def grad_logits(self, start: int, end: int, w: torch.Tensor, b, first_class: int | None = None) -> torch.Tensor:
+        """d loss / d logits of rows [start, end) over the classes of ``w`` (the whole head, or a block of its
+        rows from ``first_class`` on), fp32: (softmax - onehot) * row_scale, times the soft-cap's slope."""
         logits, slope = _head(self.x[start:end], w, b, self.softcap)
-        probs = logits.sub_(self.lse[start:end].unsqueeze(1)).exp_()
-        target = self.safe[start:end] - first_class
-        inside = self.valid[start:end] & (target >= 0) & (target < w.shape[0])
-        probs.scatter_add_(1, torch.where(inside, target, 0).unsqueeze(1), -inside.to(probs.dtype).unsqueeze(1))
-        probs.mul_(self.row_scale[start:end].unsqueeze(1))
-        return probs if slope is None else probs.mul_(slope)
+        g = _chunk_grad_logits(logits, self.lse[start:end], self.safe[start:end], self.valid[start:end],
+                               self.row_scale[start:end], first_class)
+        return g if slope is None else g.mul_(slope)
 
 
 def _one_pass(rows: _RowGrads, w: torch.Tensor, b, x_dtype, b_dtype, weight_in_place: bool):
