@@ -29,7 +29,7 @@ def test_plain_step_is_exact_to_the_byte_with_the_same_parts():
     spec = CASES[0]
     predicted, measured = predict(spec), measure(spec)
     assert predicted.total == measured.total and predicted.parts() == measured.parts()
-    from slimfit import architectures   # imported here: the attribute exists only once the module is loaded
+    from slimfit import architectures  # imported here: the attribute exists only once the module is loaded
 
     assert predicted.params == sum(p.numel() for p in architectures.build("bert-tiny").parameters())
 
