@@ -17,7 +17,7 @@ step passes them): it makes no large temporaries, but the pieces let the schedul
 What it leaves to torch's own step: a step with a closure (the closure makes the gradients inside it),
 optimizers other than torch.optim.Adam and AdamW themselves (a
 subclass may change the step), capturable or differentiable groups, complex, sparse or non-contiguous
-parameters and tensor subclasses (DTensor), parameters
+parameters and tensor subclasses other than FSDP2's DTensors, parameters
 whose state is held by slimfit.optim.FrozenState (its own hook puts it back first), and a torch whose
 ``_init_group`` has another signature.
 
@@ -30,6 +30,10 @@ before it moves them (the scheduler snapshots those).
 With a holder (``FrozenState(between_steps=True)``, ``SchedulerConfig(frozen_state="compress_all")``) every
 parameter's moments stay 8-bit between steps and are decoded a piece at a time inside this step
 (held_step.py): an 8-bit AdamW, lossy.
+
+FSDP2's sharded parameters (DTensors) are stepped on their rank-local pieces (sharded_params.py): Adam is
+elementwise, so that is torch's own step on them, bit for bit, with every rank holding and stepping its
+own shard of the moments.
 
 ``weight_rounding="stochastic"`` (``SchedulerConfig.weight_rounding``; the scheduler's default) computes each piece's
 update in fp32 and writes bf16 / fp16 weights by stochastic rounding (weight_rounding.py), so updates below
@@ -48,6 +52,7 @@ from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 from .held_step import copies, counts_of, is_held, new_held_state, report_pieces, step_held, step_numbers
 from .keys import held_key
 from .moments import plain_tensor
+from .sharded_params import global_start, is_dtensor, local, steppable
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import ROUNDED_DTYPES, WeightRounding, adam_step_rounded, check_weight_rounding
 
@@ -78,8 +83,15 @@ def _group_ok(group) -> bool:
 
 
 def _layout_ok(p) -> bool:
-    g = p.grad
-    return (plain_tensor(p.detach()) and not p.is_sparse and not g.is_sparse and not p.is_complex()
+    """A parameter (and gradient) this step can update a flat piece at a time: a plain dense tensor, or an
+    FSDP2 DTensor whose local pieces are (sharded_params.py)."""
+    if is_dtensor(p):
+        return steppable(p) and _plain_layout_ok(local(p), local(p.grad))
+    return _plain_layout_ok(p.detach(), p.grad)
+
+
+def _plain_layout_ok(p, g) -> bool:
+    return (plain_tensor(p) and not p.is_sparse and not g.is_sparse and not p.is_complex()
             and p.is_contiguous() and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape)
 
 
@@ -143,13 +155,19 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
                                         steps)
     if has_complex or len(ps) != len(params):   # (filtered out before; kept as a guard)
         return
+    # the parameters (DTensors under FSDP2) for the observer, the seeds and the gradients; their local pieces
+    # (the tensors themselves when not sharded) for the arithmetic
+    owners = ps
+    ps, grads, exp_avgs, exp_avg_sqs, max_sqs = ([local(t) for t in ts] for ts in (ps, grads, exp_avgs,
+                                                                                     exp_avg_sqs, max_sqs))
     amsgrad = group["amsgrad"]
-    watched = [observer is not None and observer.wants(p) for p in ps]
+    watched = [observer is not None and observer.wants(p) for p in owners]
     last: list = [None] * len(ps)   # every piece of a parameter starts from its step count, moved at the end
     if rounding is not None and not any(p.dtype in ROUNDED_DTYPES for p in ps):
         rounding = None   # fp32 weights: nothing to round, and no step count to read on the host per piece
     numbers = None if rounding is None else step_numbers(steps)
-    for factor, batch in _factor_runs(ps, lr_factors(observer, ps), chunk_numel):
+    starts = None if rounding is None else [global_start(p) for p in owners]
+    for factor, batch in _factor_runs(ps, lr_factors(observer, owners), chunk_numel):
         views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
         counts = counts_of([steps[i] for i, _, _ in batch])
@@ -161,16 +179,17 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
             adam_step(optimizer, scaled_group(group, factor), *args)
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
-                              [rounding.seed(ps[i], numbers[i], a) for i, a, _ in batch])
+                              [rounding.seed(owners[i], numbers[i], a + starts[i]) for i, a, _ in batch])
         for j, (i, _, _) in enumerate(batch):
             last[i] = counts[j]
         if olds:
-            report_pieces(observer, [(ps[batch[j][0]], batch[j][1], old, views[j][0]) for j, old in olds.items()])
+            report_pieces(observer, [(owners[batch[j][0]], batch[j][1], old, views[j][0])
+                                     for j, old in olds.items()])
         del views, olds
     moved = [(s, c) for s, c in zip(steps, last) if c is not None]
     if moved:
         torch._foreach_copy_([s for s, _ in moved], [c for _, c in moved])
-    for p in ps:
+    for p in owners:
         p.grad = None
 
 

@@ -52,6 +52,7 @@ from slimfit._optimizer_state import unwrap_optimizer
 from . import checkpoint, chunked_step, codec, dynamic_code
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
+from .sharded_params import global_start, like_param, local
 from .transfer import transfer_for
 
 __all__ = ["FrozenState", "attach_frozen_state", "MODES"]
@@ -262,12 +263,14 @@ class FrozenState:
                 how = compress_transform(key, t, p)
                 if how is None:
                     continue
-                state[key + Q8] = codec.encode(t, sqrt=how, seed=self.seed_for(p, key, state),
+                # an FSDP2 shard: this rank's piece coded, seeded from where it sits in the whole parameter
+                state[key + Q8] = codec.encode(local(t), sqrt=how, seed=self.seed_for(p, key, state,
+                                                                                       start=global_start(p)),
                                                **self.codec_options())
             else:
                 if not offloadable(key, t, p):
                     continue
-                state[key + HOST] = self._transfer(p.device).to_host(t)
+                state[key + HOST] = self._transfer(p.device).to_host(local(t))
             del state[key]
             held = True
         if held:
@@ -283,10 +286,10 @@ class FrozenState:
         for key in keys:
             value = state.pop(key)
             if key.endswith(Q8):
-                state[base_key(key)] = codec.decode(value, device=p.device)
+                state[base_key(key)] = like_param(codec.decode(value, device=p.device), p)
             else:
                 t, ticket = self._transfer(p.device).to_device(value, p.device)
-                state[base_key(key)] = t
+                state[base_key(key)] = like_param(t, p)
                 if ticket is not None:
                     self._pending[id(p)] = (p, ticket)
         return bool(keys)

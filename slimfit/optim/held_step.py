@@ -17,6 +17,7 @@ import torch
 
 from . import codec
 from .keys import Q8
+from .sharded_params import global_start, local
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import ROUNDED_DTYPES, adam_step_rounded
 
@@ -44,8 +45,9 @@ def new_held_state(p, group, holder) -> dict:
     fused = bool(group.get("fused"))   # as torch's _init_group: a fused step counts on the parameter's device
     state = {"step": torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device) if fused
              else torch.tensor(0.0, dtype=_get_scalar_dtype())}
+    shape = local(p).shape   # an FSDP2 shard's entries code this rank's piece (sharded_params.py)
     for key, sqrt in held_moments(group):
-        state[key + Q8] = codec.zeros_entry(p.shape, p.dtype, p.device, sqrt=sqrt, **holder.codec_options())
+        state[key + Q8] = codec.zeros_entry(shape, p.dtype, p.device, sqrt=sqrt, **holder.codec_options())
     return state
 
 
@@ -145,20 +147,24 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
         rounding = None   # fp32 weights: nothing to round
     watched = [observer is not None and observer.wants(p) for p in params]
     last: list = [None] * len(params)
-    for factor, batch in _batches(params, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8):
-        pieces = [params[i].view(-1)[a:b] for i, a, b in batch]
+    # FSDP2 shards: the rank's pieces stepped, seeded from where they sit in the whole parameter
+    pieces_of, grads_of = [local(p) for p in params], [local(p.grad) for p in params]
+    starts = [global_start(p) for p in params]
+    for factor, batch in _batches(pieces_of, states, lr_factors(observer, params), chunk_numel,
+                                  moments[0][0] + Q8):
+        pieces = [pieces_of[i].view(-1)[a:b] for i, a, b in batch]
         m = [codec.decode_ranges([(states[i][k + Q8], a, b) for i, a, b in batch]) for k, _ in moments]
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
         olds = dict(zip(seen, copies([pieces[j] for j in seen]))) if seen else {}
         counts = counts_of([steps[i] for i, _, _ in batch])
-        args = (pieces, [params[i].grad.view(-1)[a:b] for i, a, b in batch], m[0], m[1], m[2] if len(m) > 2 else [],
+        args = (pieces, [grads_of[i].view(-1)[a:b] for i, a, b in batch], m[0], m[1], m[2] if len(m) > 2 else [],
                 counts)
         if rounding is None:
             adam_step(optimizer, scaled_group(group, factor), *args)
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
-                              [rounding.seed(params[i], numbers[i], a) for i, a, _ in batch])
-        codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a))
+                              [rounding.seed(params[i], numbers[i], a + starts[i]) for i, a, _ in batch])
+        codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a + starts[i]))
                               for (key, _), xs in zip(moments, m) for (i, a, _), x in zip(batch, xs)])
         for j, (i, _, _) in enumerate(batch):
             last[i] = counts[j]

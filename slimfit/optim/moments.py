@@ -6,7 +6,8 @@ quantized through its square root: see codec.py). Entries of any other name (an 
 know) stay resident in full. Offloading is lossless, so it moves every plain dense tensor of the
 parameter's shape whatever its name (AdamW's moments, bitsandbytes' 8-bit ``state1``/``state2``).
 Left alone always: scalars such as ``step``, tensors of another shape (bitsandbytes' ``qmap``/``absmax``)
-and tensor subclasses (torchao's ``OptimState8bit``, already 8-bit and not a plain storage).
+and tensor subclasses (torchao's ``OptimState8bit``, already 8-bit and not a plain storage), except FSDP2's
+DTensors sharded as their parameter is, whose rank-local pieces are held (sharded_params.py).
 """
 from __future__ import annotations
 
@@ -30,7 +31,18 @@ def plain_tensor(t) -> bool:
 
 
 def _dense_like(t, p: torch.Tensor) -> bool:
+    if _same_sharding(t, p):   # FSDP2: the state is sharded as its parameter is; its local piece is what is held
+        from .sharded_params import local
+
+        t, p = local(t), local(p)
     return plain_tensor(t) and t.shape == p.shape and t.dim() > 0 and t.device == p.device
+
+
+def _same_sharding(t, p: torch.Tensor) -> bool:
+    from .sharded_params import is_dtensor
+
+    return (is_dtensor(t) and is_dtensor(p) and t.device_mesh == p.device_mesh and t.placements == p.placements
+            and t.shape == p.shape)
 
 
 def compress_transform(key, t, p: torch.Tensor) -> bool | None:

@@ -489,14 +489,14 @@ class ILSScheduler:
         self._attached_to = weakref.ref(opt)
         if self._guard is not None:
             self._guard.remove()
-        snapshot = None if self._sharded else weak_method(self._snapshot_before_update)
         self._guard = FrozenGradGuard(optimizer, weak_method(self._frozen_params, default=[]),
-                                      frozen_update=self.config.experimental.frozen_update, before_update=snapshot)
-        if self.snapshots_on_update:
-            self._snap.clear()   # taken right before the weights move from now on
+                                      frozen_update=self.config.experimental.frozen_update,
+                                      before_update=weak_method(self._snapshot_before_update))
         self._opt_steps_seen = self._guard.steps
         self._idle_calls = 0
         self._attach_optimizer_side(optimizer)
+        if self.snapshots_on_update:
+            self._snap.clear()   # taken right before the weights move from now on
         entry.hooked = [h for h in (self._chunked_step, self._frozen_state) if h is not None]
         if self._pending:
             self.apply()
@@ -504,15 +504,15 @@ class ILSScheduler:
 
     def _attach_optimizer_side(self, optimizer) -> None:
         """config.step_chunk_numel and config.optimizer_state: the optimizer's step a piece at a time with the
-        trained layers scored in it (in_step.py; not for sharded parameters, whose scores are sums over shards,
-        sharded.py), and the moments held as optimizer_state says. Both are slimfit.optim's
+        trained layers scored in it (in_step.py; FSDP2's sharded parameters: each rank sums its own pieces,
+        added up over the ranks, sharded.py), and the moments held as optimizer_state says. Both are slimfit.optim's
         (slimfit/optim/attach.py), imported here, when the config asks for either: importing the scheduler
         loads no kernel code."""
         for attached in (self._chunked_step, self._frozen_state):
             if attached is not None:
                 attached.remove()
         self._chunked_step = self._frozen_state = None
-        chunked = self.config.step_chunk_numel is not None and not self._sharded
+        chunked = self.config.step_chunk_numel is not None
         momentum = self.config.experimental.frozen_update != "none"
         if not chunked and not holds_any(self.config.optimizer_state, momentum):
             return
@@ -752,6 +752,8 @@ class ILSScheduler:
         if not idx:
             return False
         factor_of = dict(zip(idx, factors)) if factors is not None else None   # idx is narrowed below
+        if self._sharded:
+            return self._score_sharded(idx, factor_of)
         summed = [i for i in idx if i in self._sums]
         if summed:   # scored inside the optimizer step (in_step.py), of the update as stretched there
             it = torch.tensor(summed, dtype=torch.long)
@@ -773,20 +775,31 @@ class ILSScheduler:
             if not idx:
                 return False
         flags = [self._zero_flags[i] for i in idx]
-        # CPU and sharded layers refresh their snapshots in the scoring pass, unless none are kept between steps
-        in_pass = not self.snapshots_on_update and (
-            self._sharded or all(self.params[i].device.type == "cpu" for i in idx))
-        if self._sharded:
-            vals = sharded_scores(self.config.effective_score, [self._snap[i] for i in idx],
-                                  [self.params[i] for i in idx], group=self._group, refresh=True)
-        else:
-            vals = self._local_scores(idx, flags, in_pass)
+        # CPU layers refresh their snapshots in the scoring pass, unless none are kept between steps
+        in_pass = not self.snapshots_on_update and all(self.params[i].device.type == "cpu" for i in idx)
+        vals = self._local_scores(idx, flags, in_pass)
         for i, f in zip(idx, flags):
             self._zero_flags[i] = f
         it = torch.tensor(idx, dtype=torch.long)
         if factor_of is not None:   # every score is linear in the update: score the unscaled one
             vals = vals.to(torch.float64) / torch.tensor([factor_of[i] for i in idx], dtype=torch.float64)
         self._scores[it] = vals
+        self._seen[it] = True
+        return in_pass
+
+    def _score_sharded(self, idx: list[int], factor_of: Optional[dict]) -> bool:
+        """Score the sharded (FSDP2) layers ``idx``: each rank's partial sums of its shards (summed inside a
+        chunked step, or against its snapshot shards), one all-reduce over the ranks (sharded.py); every rank
+        takes every layer, so the collective matches whatever each rank took its sums from. True when the
+        snapshots were refreshed in the pass (no chunked step: snapshots kept between steps)."""
+        in_pass = not self.snapshots_on_update
+        parts = [self._sums[i].sums() if i in self._sums else self._snap.get(i) for i in idx]
+        vals = sharded_scores(self.config.effective_score, parts, [self.params[i] for i in idx], group=self._group,
+                              refresh=in_pass)
+        # every score is linear in the update: score the unstretched one (in-step sums: as stretched there)
+        factors = [self._coming_factor(i) if i in self._sums else (factor_of or {}).get(i, 1.0) for i in idx]
+        it = torch.tensor(idx, dtype=torch.long)
+        self._scores[it] = vals.to(torch.float64) / torch.tensor(factors, dtype=torch.float64)
         self._seen[it] = True
         return in_pass
 
@@ -863,14 +876,14 @@ class ILSScheduler:
     @property
     def snapshots_on_update(self) -> bool:
         """True when the weight snapshots are taken right before the optimizer moves the weights (an
-        optimizer is attached and the parameters are not sharded) rather than at every ``step()``."""
-        return self._guard is not None and not self._sharded
+        optimizer is attached; sharded parameters under a chunked step) rather than at every ``step()``."""
+        return self._guard is not None and (not self._sharded or self._chunked_step is not None)
 
     def _snapshot_before_update(self, params) -> None:
         """The guard's hook: the optimizer is about to move `params` (None: every parameter it holds). With
         a chunked step the trained layers are scored inside it, which names what it leaves to the optimizer
-        (InStepScores.left_to_optimizer)."""
-        if self._chunked_step is None:
+        (InStepScores.left_to_optimizer). Sharded layers without one keep their snapshots between steps."""
+        if self._chunked_step is None and not self._sharded:
             self._take_snapshots(params)
 
     @torch.no_grad()

@@ -58,23 +58,28 @@ def _finish(kind: str, total: float, count: float, moved: float) -> float:
 
 
 @torch.no_grad()
-def sharded_scores(kind: str, olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor], group=None,
+def sharded_scores(kind: str, olds: Sequence, news: Sequence[torch.Tensor], group=None,
                    refresh: bool = False) -> torch.Tensor:
-    """Scores (float64, CPU) of layers whose snapshots ``olds`` are local shards and whose
-    parameters ``news`` are DTensors (or replicated tensors), identical on every rank of
-    ``group``. ``refresh`` copies the new local shards into the snapshots afterwards."""
+    """Scores (float64, CPU) of layers whose parameters ``news`` are DTensors (or replicated tensors),
+    identical on every rank of ``group``. Each of ``olds`` is this rank's part of a layer: its snapshot (a
+    local shard), its three partial sums already taken (summed inside a chunked step: scores.BlockSums.sums,
+    the same sums as ``_partial_sums``), or None (this rank's shard did not move). ``refresh`` copies the new
+    local shards into the snapshots afterwards."""
     import torch.distributed as dist
 
     first = dist.get_rank(group) == 0
     sums = torch.zeros(len(olds), 3, dtype=torch.float64)
     for i, (old, new) in enumerate(zip(olds, news)):
-        if is_sharded(new) or first:
-            sums[i] = torch.tensor(_partial_sums(kind, old, local_tensor(new)), dtype=torch.float64)
+        if old is None or not (is_sharded(new) or first):
+            continue
+        part = _partial_sums(kind, old, local_tensor(new)) if isinstance(old, torch.Tensor) else old
+        sums[i] = torch.tensor(part, dtype=torch.float64)
     device = news[0].device if dist.get_backend(group) != "gloo" else torch.device("cpu")
     reduced = sums.to(device)
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
     reduced = reduced.cpu()
     if refresh:
         for old, new in zip(olds, news):
-            old.copy_(local_tensor(new))
+            if isinstance(old, torch.Tensor):
+                old.copy_(local_tensor(new))
     return torch.tensor([_finish(kind, *row.tolist()) for row in reduced], dtype=torch.float64)

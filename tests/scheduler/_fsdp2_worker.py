@@ -33,7 +33,10 @@ def _body(rank, outdir, steps):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     # update_scale="none": the scores are compared with the whole tensors' unstretched update (the stretch's own
     # rounding is tested in test_in_step_scores.py and test_update_scale.py)
-    sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=rank, update_scale="none")   # rank 0's seed
+    # step_chunk_numel=None: torch's own step, so the layers are scored against snapshot shards (the path of an
+    # optimizer the chunked step does not take; the chunked step's in-step sums: test_fsdp2_optimizer_side.py)
+    sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=rank, update_scale="none",   # rank 0's seed
+                         step_chunk_numel=None)
     x, y = regression_data(seed=rank)               # each rank its own data
     log, frozen_still, score_errors = [], True, []
     for _ in range(steps):

@@ -1,0 +1,72 @@
+"""FSDP2's sharded parameters (DTensors) stepped and held on their rank-local pieces.
+
+Under ``fully_shard`` a parameter, its gradient and the Adam moments torch makes for it are DTensors with
+the same placements; each rank holds one piece of each (``to_local()``: a plain tensor on the parameter's
+storage, so an in-place update of it is the update of the parameter). Adam is elementwise, so a rank steps
+its pieces alone, exactly as torch's own step does on DTensors: the chunked step (chunked_step.py) and the
+held moments (held_step.py, frozen_state.py) work on the local pieces, and a held moment's entry codes the
+rank's piece of it.
+
+``global_start`` places a rank's piece in the parameter's flat index space (FSDP2 shards dim 0, so a piece
+is a run of whole rows): the rounding seeds of a piece are drawn from its global position, not from its
+local one, so two ranks never round their pieces with the same stream.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["is_dtensor", "local", "steppable", "global_start", "like_param"]
+
+
+def is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except Exception:  # torch built without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local piece of a DTensor (a plain tensor on its storage, without autograd history), or ``t``."""
+    if not is_dtensor(t):
+        return t
+    with torch.no_grad():
+        return t.to_local()
+
+
+def _partial(placements) -> bool:
+    return any(pl.is_partial() for pl in placements)
+
+
+def steppable(p: torch.Tensor) -> bool:
+    """Whether the sharded parameter ``p`` can be stepped on its local pieces: its gradient a DTensor of the
+    same mesh and placements (reduced already: no partial sum left) and neither of them partial."""
+    g = p.grad
+    return (is_dtensor(p) and is_dtensor(g) and g.device_mesh == p.device_mesh and g.placements == p.placements
+            and not _partial(p.placements))
+
+
+def global_start(p: torch.Tensor) -> int:
+    """Where this rank's piece of ``p`` starts in ``p``'s flattened global index space (0: not a DTensor, or
+    replicated). Exact when only dim 0 is sharded (FSDP2's default); else the rank's first local element's
+    global offset, which still tells the ranks' pieces apart."""
+    if not is_dtensor(p):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    start, stride = 0, 1
+    for size, at in zip(reversed(tuple(p.shape)), reversed(tuple(offset))):
+        start += int(at) * stride
+        stride *= int(size)
+    return start
+
+
+def like_param(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``x`` (a rank-local piece shaped like ``p``'s) as a DTensor placed as ``p`` is; ``x`` itself when ``p``
+    is a plain tensor."""
+    if not is_dtensor(p):
+        return x
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(x, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())

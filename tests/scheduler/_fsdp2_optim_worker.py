@@ -1,0 +1,103 @@
+"""Body of the two-process FSDP2 optimizer-side tests (imported by spawned processes): the chunked step and
+the held moments on sharded parameters, against torch's own step and against one process on the whole batch."""
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+from _models import MLP, regression_data
+from _two_ranks import init_worker
+
+
+def run(rank, world, port, outdir, steps):
+    init_worker(rank, world, port)
+    try:
+        torch.save(_body(rank, world, steps), os.path.join(outdir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in (model.fc1, model.fc2, model.head):
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+def _local(model):
+    return {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
+
+
+def _full(model):
+    return {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+
+
+def _train(model, opt, sched, x, y, steps):
+    log, losses = [], []
+    for _ in range(steps):
+        if sched is not None:
+            log.append(tuple(sched.frozen_names()))
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        losses.append(float(loss))
+    return log, losses
+
+
+def _body(rank, world, steps):
+    from slimfit.optim import attach_chunked_step
+    from slimfit.optim.keys import Q8
+    from slimfit.scheduler import ILSScheduler
+
+    torch.manual_seed(0)                             # FSDP2 does not broadcast: the same init on every rank
+    base = MLP()
+    x, y = regression_data(n=64, seed=0)
+    half = slice(rank * 32, (rank + 1) * 32)         # each rank half of one batch of 64
+    out = {}
+
+    # torch's own AdamW against the chunked step (pieces of 100 elements), both on sharded parameters
+    plain, chunked = _sharded(copy.deepcopy(base)), _sharded(copy.deepcopy(base))
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_chunked = torch.optim.AdamW(chunked.parameters(), lr=1e-2, weight_decay=0.1)
+    step = attach_chunked_step(opt_chunked, chunk_numel=100)
+    _train(plain, opt_plain, None, x[half], y[half], steps)
+    _train(chunked, opt_chunked, None, x[half], y[half], steps)
+    out["plain"], out["chunked"], out["pieces_stepped"] = _local(plain), _local(chunked), step.pieces_stepped
+    out["chunked_state_is_dtensor"] = all(type(st["exp_avg"]).__name__ == "DTensor"
+                                          for st in opt_chunked.state.values())
+
+    # the scheduler with the chunked step, moments in full, against one process on the whole batch
+    for name, state in (("full", "full"), ("q8", "8bit")):
+        model = _sharded(copy.deepcopy(base))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0, update_scale="none",
+                             optimizer_state=state)
+        log, losses = _train(model, opt, sched, x[half], y[half], steps)
+        one = copy.deepcopy(base)
+        opt_one = torch.optim.AdamW(one.parameters(), lr=1e-2, weight_decay=0.1)
+        sched_one = ILSScheduler(one, freeze_rate=0.6, optimizer=opt_one, seed=0, update_scale="none",
+                                 optimizer_state=state, distributed=False)
+        log_one, losses_one = _train(one, opt_one, sched_one, x, y, steps)
+        held = {n: {k: tuple(v["shape"]) for k, v in opt.state[p].items() if k.endswith(Q8)}
+                for n, p in model.named_parameters() if p in opt.state}
+        out[name] = {"log": log, "log_one": log_one, "weights": _full(model),
+                     "weights_one": {n: p.detach().clone() for n, p in one.named_parameters()},
+                     "losses": losses, "losses_one": losses_one, "scores": sched.layer_scores(),
+                     "scores_one": sched_one.layer_scores(), "chunked": sched.chunked_step is not None,
+                     "in_step": bool(sched.chunked_step is not None and sched.chunked_step.pieces_stepped),
+                     "between_steps": bool(sched.state_holder is not None and sched.state_holder.between_steps),
+                     "held_shapes": held, "local_shapes": {n: tuple(p.to_local().shape)
+                                                           for n, p in model.named_parameters()},
+                     "held_nbytes": sched.state_holder.held_nbytes() if sched.state_holder is not None else 0,
+                     "held_nbytes_one": (sched_one.state_holder.held_nbytes()
+                                         if sched_one.state_holder is not None else 0),
+                     "full_moments": sorted(k for st in opt.state.values() for k in st if k in ("exp_avg",
+                                                                                             "exp_avg_sq"))}
+        with torch.no_grad():   # the whole batch's loss after training, both ways (last: FSDP2's root keeps
+            out[name]["whole"] = float(((model(x) - y) ** 2).mean())   # its parameters gathered after it)
+            out[name]["whole_one"] = float(((one(x) - y) ** 2).mean())
+    return out
