@@ -4,8 +4,9 @@ Two formats (``set_checkpoint_format``; docs/optim.md, "Checkpoints"):
 
   "portable" (the default): any torch Adam/AdamW (or the optimizer the state came from) loads and steps it.
       Every held moment is written under its own key (``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) as a
-      plain tensor in host memory: an 8-bit entry decoded a piece at a time (codec.decode_range; what a step
-      from the entry would read, bit for bit), a host copy as it is. Beside ``state`` and ``param_groups``
+      plain tensor in host memory (an FSDP2 shard's as a DTensor placed as its parameter, the piece on the
+      parameter's device, as torch and torch.distributed.checkpoint keep it): an 8-bit entry decoded a piece at
+      a time (codec.decode_range; what a step from the entry would read, bit for bit), a host copy as it is. Beside ``state`` and ``param_groups``
       the top-level key ``slimfit_held`` carries the held entries themselves ({index: {held key: entry}},
       the same objects as in ``optimizer.state``, no copy), which torch's load ignores and slimfit's load
       uses instead of the decoded moments: the resumed run is the uninterrupted one bit for bit (decoding
@@ -39,6 +40,7 @@ from slimfit.scheduler.optim import unwrap_optimizer
 
 from .codec import decode, decode_range
 from .keys import Q8, base_key, held_key
+from .sharded_params import is_dtensor, like_param
 
 __all__ = ["install", "restore_state", "set_checkpoint_format", "held_state_dict", "FORMATS", "SIDECAR",
            "SLIMFIT_ONLY"]
@@ -105,12 +107,21 @@ def _written(optimizer, state_dict):
     if _FORMAT.get(optimizer, FORMATS[0]) == "held":
         return {**state_dict, SLIMFIT_ONLY: _SLIMFIT_ONLY_TEXT}
     state = dict(state_dict["state"])
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, mine in held.items():
         plain = {k: v for k, v in state[index].items() if not held_key(k)}
         for key, value in mine.items():
-            plain[base_key(key)] = _decoded_on_host(value) if key.endswith(Q8) else value
+            plain[base_key(key)] = _as_state(_decoded_on_host(value) if key.endswith(Q8) else value,
+                                             params[int(index)])
         state[index] = plain
     return {**state_dict, "state": state, SIDECAR: held}
+
+
+def _as_state(moment: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A decoded moment as torch keeps it for ``p``: an FSDP2 shard's is a DTensor placed as ``p`` (its local
+    piece on ``p``'s device), so torch's optimizer and torch.distributed.checkpoint take it as their own; a
+    plain parameter's stays in host memory."""
+    return like_param(moment.to(p.device), p) if is_dtensor(p) else moment
 
 
 def _stash(manager, optimizer, state_dict):
@@ -168,8 +179,8 @@ def restore_state(optimizer) -> int:
         for key in keys:
             value = state.pop(key)
             if key.endswith(Q8):
-                state[base_key(key)] = decode(value, device=p.device)
+                state[base_key(key)] = like_param(decode(value, device=p.device), p)
             else:
-                state[base_key(key)] = value.to(p.device, copy=True)
+                state[base_key(key)] = like_param(value.to(p.device, copy=True), p)
         n += bool(keys)
     return n

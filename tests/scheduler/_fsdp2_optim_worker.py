@@ -70,6 +70,21 @@ def _body(rank, world, steps):
     out["chunked_state_is_dtensor"] = all(type(st["exp_avg"]).__name__ == "DTensor"
                                           for st in opt_chunked.state.values())
 
+    # gradient accumulation over two micro-batches and clip_grad_norm_, both ways
+    plain, chunked = _sharded(copy.deepcopy(base)), _sharded(copy.deepcopy(base))
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_chunked = torch.optim.AdamW(chunked.parameters(), lr=1e-2, weight_decay=0.1)
+    step = attach_chunked_step(opt_chunked, chunk_numel=100)
+    for model, opt in ((plain, opt_plain), (chunked, opt_chunked)):
+        for _ in range(3):
+            for micro in (slice(rank * 32, rank * 32 + 16), slice(rank * 32 + 16, (rank + 1) * 32)):
+                (((model(x[micro]) - y[micro]) ** 2).mean() / 2).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+            opt.zero_grad()
+    out["accumulated_plain"], out["accumulated_chunked"] = _local(plain), _local(chunked)
+    out["accumulated_pieces"] = step.pieces_stepped
+
     # the scheduler with the chunked step, moments in full, against one process on the whole batch
     for name, state in (("full", "full"), ("q8", "8bit")):
         model = _sharded(copy.deepcopy(base))
@@ -100,4 +115,25 @@ def _body(rank, world, steps):
         with torch.no_grad():   # the whole batch's loss after training, both ways (last: FSDP2's root keeps
             out[name]["whole"] = float(((model(x) - y) ** 2).mean())   # its parameters gathered after it)
             out[name]["whole_one"] = float(((one(x) - y) ** 2).mean())
+        if name == "q8":
+            model.reshard()
+            out["portable"] = _portable_resume(model, opt, x[half], y[half])
     return out
+
+
+def _portable_resume(model, opt, x, y):
+    """The held optimizer's state_dict (the portable format) loaded into a plain torch AdamW over the same
+    sharded model, which then steps from it."""
+    sd = opt.state_dict()
+    moments = [v for st in sd["state"].values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    plain.load_state_dict(sd)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    ((model(x) - y) ** 2).mean().backward()
+    plain.step()
+    stepped = [v for st in plain.state.values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    return {"dtensor": all(type(v).__name__ == "DTensor" for v in moments + stepped),
+            "count": len(moments), "finite": all(bool(v.to_local().isfinite().all()) for v in stepped),
+            "local_match": all(v.to_local().shape == p.to_local().shape for p in model.parameters()
+                               for v in (plain.state[p]["exp_avg"],))}

@@ -27,6 +27,19 @@ def test_chunked_step_on_shards_is_torchs_step_bit_for_bit(ranks):
             assert torch.equal(w, r["chunked"][name]), name
 
 
+def test_gradient_accumulation_and_clipping_under_the_chunked_step_on_shards(ranks):
+    for r in ranks:
+        assert r["accumulated_pieces"] > 0
+        for name, w in r["accumulated_plain"].items():
+            assert torch.equal(w, r["accumulated_chunked"][name]), name
+
+
+def test_held_state_dict_loads_into_a_plain_adamw_over_the_shards(ranks):
+    for r in ranks:
+        p = r["portable"]
+        assert p["count"] == 20 and p["dtensor"] and p["finite"] and p["local_match"]
+
+
 @pytest.mark.parametrize("state", ["full", "q8"])
 def test_scheduler_under_fsdp2_steps_in_chunks_and_scores_inside(ranks, state):
     r0, r1 = (r[state] for r in ranks)
