@@ -157,6 +157,11 @@ class _Tracker(TorchDispatchMode):
     def _storage(self, t: torch.Tensor):
         if t.device != self.device:
             return None
+        # a DTensor (FSDP2's sharded parameters, their gradients and Adam state) holds this device's bytes in its
+        # local piece; its own storage is a stand-in of the global size that owns nothing
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, wrapper subclasses

@@ -65,7 +65,7 @@ from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import BlockSums, compute_scores
 from .selection import choose_trained, num_frozen, starved_first, training_order
-from .sharded import is_sharded, local_tensor, sharded_scores
+from .sharded import is_sharded, local_tensor, process_group_ready, sharded_scores
 from .state import STATE_VERSION, check_state, config_changes
 
 __all__ = ["ILSScheduler"]
@@ -369,7 +369,7 @@ class ILSScheduler:
         # FSDP2 (fully_shard): parameters are DTensors; scores come from per-shard sums (sharded.py).
         self._sharded = any(is_sharded(p) for p in self.params)
         self._group = group
-        if self._sharded and self._dist is None:
+        if self._sharded and self._dist is None and not process_group_ready():   # world size 1 included
             raise RuntimeError("sharded (DTensor) parameters need an initialised torch.distributed process group")
         self._seen = torch.zeros(L, dtype=torch.bool)      # has a real score
         self._trained = torch.zeros(L, dtype=torch.bool)   # current decision: trains this step

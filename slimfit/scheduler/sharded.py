@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["is_sharded", "local_tensor", "sharded_scores"]
+__all__ = ["is_sharded", "local_tensor", "sharded_scores", "process_group_ready"]
 
 
 def is_sharded(p: torch.Tensor) -> bool:
@@ -26,6 +26,13 @@ def is_sharded(p: torch.Tensor) -> bool:
     except Exception:  # torch built without distributed
         return False
     return isinstance(p, DTensor)
+
+
+def process_group_ready() -> bool:
+    """torch.distributed initialised (any world size: FSDP2 on one rank makes DTensors too)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def local_tensor(p: torch.Tensor) -> torch.Tensor:
