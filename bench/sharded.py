@@ -77,11 +77,11 @@ def _layers(model) -> list:
 
 def _model(spec: Spec, rank: int):
     """(model, inputs, optimizer, after_step) of one rank: built, patched, sharded."""
-    import slimfit
-    from slimfit.config import SlimFitConfig
     from torch.distributed.fsdp import fully_shard
 
+    import slimfit
     from bench.frontier import _checkpointing
+    from slimfit.config import SlimFitConfig
 
     arch = archs.resolve(spec.arch)
     if spec.quick:

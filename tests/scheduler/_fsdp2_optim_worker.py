@@ -67,6 +67,7 @@ def _body(rank, world, steps):
     _train(plain, opt_plain, None, x[half], y[half], steps)
     _train(chunked, opt_chunked, None, x[half], y[half], steps)
     out["plain"], out["chunked"], out["pieces_stepped"] = _local(plain), _local(chunked), step.pieces_stepped
+    out["measured"] = _measured(plain, opt_plain, x[half], y[half])
     out["chunked_state_is_dtensor"] = all(type(st["exp_avg"]).__name__ == "DTensor"
                                           for st in opt_chunked.state.values())
 
@@ -137,3 +138,17 @@ def _portable_resume(model, opt, x, y):
             "count": len(moments), "finite": all(bool(v.to_local().isfinite().all()) for v in stepped),
             "local_match": all(v.to_local().shape == p.to_local().shape for p in model.parameters()
                                for v in (plain.state[p]["exp_avg"],))}
+
+
+def _measured(model, opt, x, y):
+    """slimfit.step_memory on a sharded model: the weights and the optimizer state it counts, against the bytes
+    of this rank's pieces (their storages) and of the whole parameters."""
+    from slimfit.memory import measure_step
+
+    mem = measure_step(model, (x,), opt, loss_fn=lambda out: ((out - y) ** 2).mean())
+    storages = {p.to_local().untyped_storage()._cdata: p.to_local().untyped_storage().nbytes()
+                for p in model.parameters()}
+    pieces = [v.to_local() if hasattr(v, "to_local") else v for st in opt.state.values() for v in st.values()]
+    state = {v.untyped_storage()._cdata: v.untyped_storage().nbytes() for v in pieces}   # the step counts too
+    return {"weights": mem.weights, "optimizer_state": mem.optimizer_state, "local": sum(storages.values()),
+            "local_state": sum(state.values()), "whole": sum(p.numel() * 4 for p in model.parameters())}

@@ -27,6 +27,13 @@ def test_chunked_step_on_shards_is_torchs_step_bit_for_bit(ranks):
             assert torch.equal(w, r["chunked"][name]), name
 
 
+def test_step_memory_counts_a_ranks_pieces_not_the_whole_parameters(ranks):
+    for r in ranks:
+        m = r["measured"]
+        assert m["weights"] == m["local"] < 0.75 * m["whole"]
+        assert m["optimizer_state"] == m["local_state"]
+
+
 def test_gradient_accumulation_and_clipping_under_the_chunked_step_on_shards(ranks):
     for r in ranks:
         assert r["accumulated_pieces"] > 0
