@@ -6,8 +6,8 @@ Two formats (``set_checkpoint_format``; docs/optim.md, "Checkpoints"):
       Every held moment is written under its own key (``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) as a
       plain tensor in host memory (an FSDP2 shard's as a DTensor placed as its parameter, the piece on the
       parameter's device, as torch and torch.distributed.checkpoint keep it): an 8-bit entry decoded a piece at
-      a time (codec.decode_range; what a step from the entry would read, bit for bit), a host copy as it is. Beside ``state`` and ``param_groups``
-      the top-level key ``slimfit_held`` carries the held entries themselves ({index: {held key: entry}},
+      a time (codec.decode_range; what a step from the entry would read, bit for bit), a host copy as it is.
+      Beside ``state`` and ``param_groups`` the top-level key ``slimfit_held`` carries the held entries themselves ({index: {held key: entry}},
       the same objects as in ``optimizer.state``, no copy), which torch's load ignores and slimfit's load
       uses instead of the decoded moments: the resumed run is the uninterrupted one bit for bit (decoding
       and encoding again would round differently). Bytes: torch's own checkpoint + the entries (AdamW fp32:
