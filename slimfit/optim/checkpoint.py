@@ -7,11 +7,12 @@ Two formats (``set_checkpoint_format``; docs/optim.md, "Checkpoints"):
       plain tensor in host memory (an FSDP2 shard's as a DTensor placed as its parameter, the piece on the
       parameter's device, as torch and torch.distributed.checkpoint keep it): an 8-bit entry decoded a piece at
       a time (codec.decode_range; what a step from the entry would read, bit for bit), a host copy as it is.
-      Beside ``state`` and ``param_groups`` the top-level key ``slimfit_held`` carries the held entries themselves ({index: {held key: entry}},
-      the same objects as in ``optimizer.state``, no copy), which torch's load ignores and slimfit's load
-      uses instead of the decoded moments: the resumed run is the uninterrupted one bit for bit (decoding
-      and encoding again would round differently). Bytes: torch's own checkpoint + the entries (AdamW fp32:
-      8 + 2.125 bytes a parameter; a host copy shares its storage with the plain key: saved once).
+      Beside ``state`` and ``param_groups`` the top-level key ``slimfit_held`` carries the held entries
+      themselves ({index: {held key: entry}}, the same objects as in ``optimizer.state``, no copy), which
+      torch's load ignores and slimfit's load uses instead of the decoded moments: the resumed run is the
+      uninterrupted one bit for bit (decoding and encoding again would round differently). Bytes: torch's own
+      checkpoint + the entries (AdamW fp32: 8 + 2.125 bytes a parameter; a host copy shares its storage with
+      the plain key: saved once).
   "held": the state as it is held (``exp_avg@slimfit_q8``: codes, scales and offsets; ``exp_avg@slimfit_host``),
       2.125 bytes a parameter for AdamW, nothing decoded; slimfit-only, and says so under the top-level key
       ``slimfit_only``. A plain torch optimizer fails at its first step on it (KeyError 'exp_avg') unless
