@@ -90,6 +90,16 @@ def _layout_ok(p) -> bool:
     return _plain_layout_ok(p.detach(), p.grad)
 
 
+def layout_ok_without_grad(p) -> bool:
+    """Whether ``p`` is a parameter this step updates a flat piece at a time once it has a gradient of its own
+    layout (a plain dense contiguous real tensor, or an FSDP2 DTensor whose local piece is one)."""
+    if is_dtensor(p):
+        if any(pl.is_partial() for pl in p.placements):
+            return False
+        p = local(p)
+    return plain_tensor(p.detach()) and not p.is_sparse and not p.is_complex() and p.is_contiguous()
+
+
 def _plain_layout_ok(p, g) -> bool:
     return (plain_tensor(p) and not p.is_sparse and not g.is_sparse and not p.is_complex()
             and p.is_contiguous() and g.is_contiguous() and g.dtype == p.dtype and g.shape == p.shape)
@@ -304,7 +314,7 @@ class ChunkedStep:
             held = []
             if holder is not None:   # every moment 8-bit between steps: fresh state made held, held stepped so
                 for p in with_grad:
-                    if not optimizer.state.get(p) and _layout_ok(p):
+                    if not optimizer.state.get(p) and _layout_ok(p) and holder.can_hold(p):
                         optimizer.state[p] = new_held_state(p, group, holder)
                 held = [p for p in with_grad if _layout_ok(p) and is_held(optimizer.state[p], group)]
             taken = {id(p) for p in held}

@@ -50,9 +50,10 @@ import torch
 from slimfit._optimizer_state import unwrap_optimizer
 
 from . import checkpoint, chunked_step, codec, dynamic_code
+from .held_step import new_held_state
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
-from .sharded_params import global_start, like_param, local
+from .sharded_params import blocks_fixed, global_start, like_param, local
 from .transfer import transfer_for
 
 __all__ = ["FrozenState", "attach_frozen_state", "MODES"]
@@ -153,7 +154,23 @@ class FrozenState:
         self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)
         if self.between_steps:   # every state held: the layers the scheduler does not schedule (embeddings,
             self.freeze(list(self.optimizer.state))   # norms, a head) too, when they already have state (a resume)
+            self._make_missing_state()
         return self
+
+    @torch.no_grad()
+    def _make_missing_state(self) -> None:
+        """Under a chunked step, every parameter without optimizer state gets its held state now (zero moments,
+        step 0: what the chunked step makes at the parameter's first step, 2 bytes a parameter for AdamW), so
+        the optimizer's state lists every parameter from the start. torch.distributed.checkpoint loads an
+        optimizer's state into the template ``get_state_dict`` makes of the live one: a layer frozen when the
+        template is made, with no state yet, would silently not get its saved moments back."""
+        if self._chunked is None:
+            return
+        opt = self.optimizer
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if not opt.state.get(p) and chunked_step.layout_ok_without_grad(p) and self.can_hold(p):
+                    opt.state[p] = new_held_state(p, group, self)
 
     def freeze(self, params) -> int:
         """Compress (or offload) the state of ``params``; how many parameters had state to hold."""
@@ -234,6 +251,11 @@ class FrozenState:
         """The keywords of codec.encode / codec.zeros_entry this holder codes moments with."""
         return {"group_size": self.group_size, "stochastic": self.stochastic, "code": self.code, "bits": self.bits}
 
+    def can_hold(self, p) -> bool:
+        """Whether this holder codes ``p``'s moments: any plain tensor; an FSDP2 shard when its blocks are the
+        whole parameter's at this world size (sharded_params.blocks_fixed; else its moments stay in full)."""
+        return self.mode != "compress" or blocks_fixed(p, self.group_size)
+
     def hold(self, p) -> bool:
         """Hold ``p``'s state now (the chunked step, after stepping a state that was in full)."""
         return self._freeze_one(p)
@@ -261,7 +283,7 @@ class FrozenState:
             t = state[key]
             if self.mode == "compress":
                 how = compress_transform(key, t, p)
-                if how is None:
+                if how is None or not self.can_hold(p):
                     continue
                 # an FSDP2 shard: this rank's piece coded, seeded from where it sits in the whole parameter
                 state[key + Q8] = codec.encode(local(t), sqrt=how, seed=self.seed_for(p, key, state,

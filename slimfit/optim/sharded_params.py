@@ -7,6 +7,15 @@ its pieces alone, exactly as torch's own step does on DTensors: the chunked step
 held moments (held_step.py, frozen_state.py) work on the local pieces, and a held moment's entry codes the
 rank's piece of it.
 
+A held entry codes blocks of ``group_size`` consecutive elements from its piece's first one. Where every rank's
+piece starts at a multiple of the block in the whole parameter (``blocks_fixed``: FSDP2's dim-0 shards of a
+weight whose rows hold a multiple of 128 elements, as in every linear layer of BERT, Llama and Qwen), those
+blocks are the whole parameter's, whatever the world size: the moments decode to the same values at any
+world size, and a checkpoint resharded by torch.distributed.checkpoint holds again to the same codes. A
+parameter whose pieces would cut a block (a norm weight or a bias split into pieces of under 128, rows of
+576 at an odd row count) keeps its moments in full under sharding: a few bytes, and nothing that depends on
+the world size.
+
 ``global_start`` places a rank's piece in the parameter's flat index space (FSDP2 shards dim 0, so a piece
 is a run of whole rows): the rounding seeds of a piece are drawn from its global position, not from its
 local one, so two ranks never round their pieces with the same stream.
@@ -15,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["is_dtensor", "local", "steppable", "global_start", "like_param"]
+__all__ = ["is_dtensor", "local", "steppable", "global_start", "like_param", "blocks_fixed"]
 
 
 def is_dtensor(t) -> bool:
@@ -70,3 +79,33 @@ def like_param(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return DTensor.from_local(x, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
+def _shard_size(p) -> int | None:
+    """The number of pieces dim 0 of ``p`` is cut into (1: replicated), or None for any other placement (a
+    shard of another dim, two sharded mesh dims)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    sizes = []
+    for dim, pl in enumerate(p.placements):
+        if isinstance(pl, Shard) and pl.dim == 0:
+            sizes.append(p.device_mesh.size(dim))
+        elif not isinstance(pl, Replicate):
+            return None
+    if len(sizes) > 1:
+        return None
+    return sizes[0] if sizes else 1
+
+
+def blocks_fixed(p: torch.Tensor, group_size: int) -> bool:
+    """Whether every rank's piece of ``p`` starts at a multiple of ``group_size`` in ``p``'s flat index space
+    (always for a plain tensor): then its held entries' blocks are the whole parameter's (module docstring)."""
+    if not is_dtensor(p):
+        return True
+    world = _shard_size(p)
+    if world is None or p.dim() == 0:
+        return False
+    rows = int(p.shape[0])
+    row = p.numel() // rows if rows else 0
+    chunk = -(-rows // world)   # torch.chunk's piece, as FSDP2 cuts dim 0
+    return all((min(r * chunk, rows) * row) % group_size == 0 for r in range(world))

@@ -30,6 +30,7 @@ The only contract with the rest of slimfit is ``param.requires_grad``.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import warnings
@@ -675,6 +676,26 @@ class ILSScheduler:
             how = {"compress": "8-bit", "offload": "in host memory"}.get(held.mode, held.mode)
             state = f"every layer's state {how}" if held.between_steps else f"frozen layers' state {how}"
         return f"{step}; {state}"
+
+    @contextlib.contextmanager
+    def every_layer_trainable(self):
+        """Inside the block every scheduled layer requires grad; after it, the frozen set in force again
+        (gradients, state and decisions untouched). For torch.distributed.checkpoint's ``get_state_dict`` /
+        ``set_state_dict`` (and what calls them: accelerate's FSDP checkpoints): they save and load the
+        optimizer state of parameters that require grad only, so a layer frozen at that moment would lose its
+        moments silently, though it trains again later. Wrap both calls::
+
+            with scheduler.every_layer_trainable():
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+        """
+        flags = [p.requires_grad for p in self.params]
+        for p in self.params:
+            p.requires_grad_(True)
+        try:
+            yield self
+        finally:
+            for p, flag in zip(self.params, flags):
+                p.requires_grad_(flag)
 
     def close(self) -> None:
         """Unfreeze every layer, remove optimizer hooks, free the snapshots."""

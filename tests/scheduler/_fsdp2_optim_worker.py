@@ -51,6 +51,7 @@ def _train(model, opt, sched, x, y, steps):
 def _body(rank, world, steps):
     from slimfit.optim import attach_chunked_step
     from slimfit.optim.keys import Q8
+    from slimfit.optim.sharded_params import blocks_fixed
     from slimfit.scheduler import ILSScheduler
 
     torch.manual_seed(0)                             # FSDP2 does not broadcast: the same init on every rank
@@ -111,8 +112,9 @@ def _body(rank, world, steps):
                      "held_nbytes": sched.state_holder.held_nbytes() if sched.state_holder is not None else 0,
                      "held_nbytes_one": (sched_one.state_holder.held_nbytes()
                                          if sched_one.state_holder is not None else 0),
-                     "full_moments": sorted(k for st in opt.state.values() for k in st if k in ("exp_avg",
-                                                                                             "exp_avg_sq"))}
+                     "full_moments": {n: sorted(k for k in opt.state[p] if k in ("exp_avg", "exp_avg_sq"))
+                                      for n, p in model.named_parameters() if p in opt.state},
+                     "blocks_fixed": {n: blocks_fixed(p, 128) for n, p in model.named_parameters()}}
         with torch.no_grad():   # the whole batch's loss after training, both ways (last: FSDP2's root keeps
             out[name]["whole"] = float(((model(x) - y) ** 2).mean())   # its parameters gathered after it)
             out[name]["whole_one"] = float(((one(x) - y) ** 2).mean())
