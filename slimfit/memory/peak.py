@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import storage_resizes
 from .loss import training_loss
 from .units import format_bytes
 
@@ -153,6 +154,7 @@ class _Tracker(TorchDispatchMode):
         self.backfill: list[tuple[int, int]] = []  # (bytes, sample index): resident storages found late
         self.entry = 0                         # bytes registered as resident before the step
         self.engine_sum = None                 # (keys of the summands, the sum's record, its sample index)
+        self.shrunk: dict[int, int] = {}        # StorageImpl address -> role: resized to 0 bytes in place
 
     def _storage(self, t: torch.Tensor):
         if t.device != self.device:
@@ -197,9 +199,36 @@ class _Tracker(TorchDispatchMode):
 
     def _freed(self, key: int, _ref) -> None:
         self.refs.pop(key, None)
+        self.shrunk.pop(key, None)
         rec = self.live.pop(key, None)
         if rec is not None:
             self._close(rec)
+
+    def storage_resized(self, storage) -> None:
+        """A storage resized in place outside any op (storage_resizes.py): its bytes end and, when it has any,
+        start again now with the role it had; one shrunk to nothing counts again when it grows back, one grown
+        from nothing that was never tracked is a transient allocated now."""
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        rec = self.live.get(key)
+        if rec is not None:
+            if rec.nbytes == nbytes:
+                return
+            del self.live[key]
+            self._close(rec)
+            role = rec.role
+        else:
+            role = self.shrunk.pop(key, None)
+            if role is None:   # grown from nothing here (FSDP2's gather buffers): allocated now
+                if storage.device != self.device:
+                    return
+                role = TRANSIENT
+        if nbytes > 0:
+            self._open(key, _Record(nbytes, len(self.samples), role))
+            if key not in self.refs:
+                self.refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+        else:
+            self.shrunk[key] = role
 
     def mark(self, t: torch.Tensor | None, role: int) -> None:
         """Give t's storage a role (the strongest it ever had is kept)."""
@@ -407,7 +436,8 @@ def measure_step(
         return t
 
     try:
-        with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                storage_resizes.watch(tracker.storage_resized):
             _run_step(tracker, _forward_of(model, batch_or_callable), loss_fn, model, optimizer, params,
                       after_step, set_to_none)
     finally:
