@@ -45,7 +45,9 @@ CASES = {"bert-16": ("bert-base", 16, 128), "smollm2-2048": ("smollm2-135m", 1, 
 QUICK_CASES = {"bert-16": ("bert-base", 2, 32), "smollm2-2048": ("smollm2-135m", 1, 64)}
 METHODS = ("fsdp2", "fsdp2+ckpt", "fsdp2+slimfit")
 PARTS = ("weights", "gradients", "optimizer_state", "saved", "transient")
-FIELDS = ["case", "model", "batch_per_rank", "seq", "world", "method", "status", "rank_peak_mib", "rank_peaks_mib",
+PREDICTED = {"fsdp2": {}, "fsdp2+ckpt": {"checkpointing": True}, "fsdp2+slimfit": {"preset": "paper", "rate": 0.7}}
+FIELDS = ["case", "model", "batch_per_rank", "seq", "world", "method", "status", "rank_peak_mib", "predicted_mib",
+          "rank_peaks_mib",
           "weights_mib", "gradients_mib", "optimizer_mib", "saved_mib", "transient_mib", "peak_phase", "step_s",
           "threads", "device_name", "torch", "date", "commit"]
 
@@ -166,12 +168,23 @@ def measure_row(spec: Spec) -> dict:
     return row
 
 
+def predicted_mib(row: dict, quick: bool = False) -> float:
+    """`slimfit plan --world-size` of the row (rank 0, this process; memory/plan/sharding.py): a lower bound."""
+    from slimfit.memory.plan.predict import predict
+    from slimfit.memory.plan.spec import StepSpec
+
+    spec = StepSpec(row["model"], batch=int(row["batch_per_rank"]), seq=int(row["seq"]), world_size=int(row["world"]),
+                    layers=2 if quick else None, **PREDICTED[row["method"]])
+    return round(predict(spec).memory.total / MiB, 2)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["# The whole step's peak per rank under FSDP2 (CPU, gloo)", "",
              f"`{_results.command('sharded')}`. The largest rank's peak (every rank's beside it) and its "
              "parts at the peak; `less than fsdp2`: plain FSDP2's peak at the same world size over the row's; step "
              "time: the slowest rank's median of two steps, the cores shared by the N processes (compare rows of "
-             "one world size only).", ""]
+             "one world size only). `predicted`: `slimfit plan --world-size N` of rank 0 (a lower bound: its "
+             "collectives finish at once).", ""]
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = [r for r in rows if r["case"] == case]
         first = mine[0]
@@ -179,18 +192,20 @@ def markdown(rows: list[dict]) -> str:
         body = []
         for r in mine:
             if r["status"] != "ok":
-                body.append([r["world"], r["method"], r["status"]] + [""] * 9)
+                body.append([r["world"], r["method"], r["status"]] + [""] * 10)
                 continue
             plain = next((p for p in mine if p["world"] == r["world"] and p["method"] == "fsdp2"
                           and p["status"] == "ok"), None)
             less = f"{float(plain['rank_peak_mib']) / float(r['rank_peak_mib']):.2f}x" if plain else ""
             t = f"{float(r['step_s']) / float(plain['step_s']):.2f}x" if plain else ""
-            body.append([r["world"], r["method"], f"{float(r['rank_peak_mib']):,.1f}", less, r["rank_peaks_mib"],
+            pred = r.get("predicted_mib") or ""
+            pred = f"{float(pred):,.1f} ({float(pred) / float(r['rank_peak_mib']) - 1:+.1%})" if pred else ""
+            body.append([r["world"], r["method"], f"{float(r['rank_peak_mib']):,.1f}", less, pred, r["rank_peaks_mib"],
                          r["weights_mib"], r["gradients_mib"], r["optimizer_mib"], r["saved_mib"],
                          r["transient_mib"], r["peak_phase"], t])
-        lines += _results.md_table(["N", "method", "rank peak MiB", "less than fsdp2", "every rank", "weights",
-                                    "gradients", "optimizer", "saved", "transient", "peak in", "step time vs fsdp2"],
-                                   body, right=range(2, 12))
+        lines += _results.md_table(["N", "method", "rank peak MiB", "less than fsdp2", "predicted", "every rank",
+                                    "weights", "gradients", "optimizer", "saved", "transient", "peak in",
+                                    "step time vs fsdp2"], body, right=range(2, 13))
         lines.append("")
     return "\n".join(lines)
 
@@ -203,6 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--predict", action="store_true", help="fill in predicted_mib of the rows that have none")
     return p
 
 
@@ -223,12 +239,22 @@ def main(argv: list[str] | None = None) -> int:
                     if done and not args.force and not args.quick:
                         continue
                     row = measure_row(Spec(case, arch, batch, seq, world, method, args.quick))
+                    if row["status"] == "ok" and world > 1:   # (N = 1: FSDP2 over one rank; the plan's 1 is none)
+                        row["predicted_mib"] = predicted_mib(row, quick=args.quick)
                     print(f"{case} N={world} {method}: {row.get('rank_peak_mib', row['status'])} MiB "
-                          f"({row.get('rank_peaks_mib', '')}), {row.get('step_s', '')} s", flush=True)
+                          f"(predicted {row.get('predicted_mib', '')}; {row.get('rank_peaks_mib', '')}), "
+                          f"{row.get('step_s', '')} s", flush=True)
                     if args.quick:
                         continue
                     _results.append_row(csv_path, row, FIELDS)
                     rows = _results.read_rows(csv_path)
+    if args.predict:
+        for row in rows:
+            if row["status"] == "ok" and not row.get("predicted_mib") and int(row["world"]) > 1:
+                row["predicted_mib"] = predicted_mib(row)
+                print(f"{row['case']} N={row['world']} {row['method']}: predicted {row['predicted_mib']} MiB, "
+                      f"measured {row['rank_peak_mib']}", flush=True)
+        _results.write_rows(csv_path, rows, FIELDS)
     if not args.quick and rows:
         _results.write_text(md_path, markdown(rows))
     return 0

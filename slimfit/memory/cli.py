@@ -335,6 +335,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with a freeze rate, what the scheduler freezes: all, or kinds joined by commas "
                              "(matmul, norm, embedding; e.g. matmul,embedding: the embeddings scheduled too); "
                              "default: the scheduler's, the weight matrices")
+    parser.add_argument("--world-size", type=int, default=1, metavar="N",
+                        help="predict one rank of FSDP2 over N ranks (each transformer layer and the root "
+                             "wrapped by fully_shard; --batch per rank); default 1, one process")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="a causal LM's loss chunked (no logits kept) without a preset too; the presets do it")
     # --optimizer-state's older name and values
@@ -382,7 +385,8 @@ def _spec(args, **changes):
                   checkpointing=args.checkpointing, attn=args.attn_implementation, device=args.device,
                   task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
                   chunked_loss=args.chunked_loss, warmup_steps=args.warmup_steps,
-                  optimizer_state=_optimizer_state(args), scheduled_kinds=args.scheduled_kinds)
+                  optimizer_state=_optimizer_state(args), scheduled_kinds=args.scheduled_kinds,
+                  world_size=args.world_size)
     values.update(changes)
     return StepSpec(args.model, **values)
 
@@ -403,6 +407,11 @@ def _header(p) -> list[str]:
                          "over its first 100 steps, which train more layers (--warmup-steps auto predicts the "
                          "first; ILSScheduler(..., warmup_steps=0) freezes at the rate from the first step)")
     lines.append(f"  trainable now: {p.trained / 1e6:.2f}M parameters; optimizer state for {p.optimized / 1e6:.2f}M")
+    if spec.world_size > 1:
+        lines.append(f"  FSDP2: rank 0 of {spec.world_size} (every transformer layer and the root sharded; the batch "
+                     "per rank), its collectives finishing at once: a lower bound. A real process group keeps "
+                     "buffers of pending collectives alive longer (bench/results/sharded_cpu.md: measured against "
+                     "predicted)")
     return lines
 
 
@@ -433,6 +442,10 @@ def _fit(args) -> int:
     from .plan.code import render
     from .plan.search import fit
 
+    if args.world_size > 1:
+        raise ValueError("--fit with --world-size: a sharded rank's prediction is a lower bound (its collectives "
+                         "finish at once), so it cannot promise a fit; plan the sharded step without --fit, and "
+                         "measure it (python -m bench.sharded)")
     budget = parse_bytes(args.fit)
     base = _spec(args)
     print(f"slimfit plan --fit {_plan_size(budget)}: {base.model_name}, {base.shape()}, {base.dtype}, "

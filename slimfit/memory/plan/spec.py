@@ -57,6 +57,8 @@ class StepSpec:
     scheduled_kinds  with a rate: the scheduler's scheduled_kinds (None, its default: the weight matrices, the
                    embeddings and norms training every step; "all"; or a selection such as ("matmul",
                    "embedding"): the embeddings scheduled too)
+    world_size     1: one process; N > 1: a rank of FSDP2 over N ranks (each transformer layer and the root
+                   wrapped by fully_shard; batch per rank; predicted only: sharding.py)
     """
 
     model: Any
@@ -81,6 +83,7 @@ class StepSpec:
     chunked_loss: bool = False
     warmup_steps: int | str = 0
     scheduled_kinds: str | tuple | None = None
+    world_size: int = 1
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -133,6 +136,8 @@ class StepSpec:
             out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
                        "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
         out += self._kinds_problems()
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            out.append(f"world_size must be an int >= 1 (the ranks FSDP2 shards over), got {self.world_size!r}")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
@@ -232,6 +237,8 @@ class StepSpec:
             parts.append({None: "frozen state in full", "compress": "frozen state 8-bit",
                           "offload": "frozen state offloaded", "compress_all": "every state 8-bit",
                           "offload_all": "every state on the host"}[self.held_state])
+        if self.world_size > 1:
+            parts.append(f"FSDP2 rank of {self.world_size}")
         if self.budget_bytes is not None:
             parts.append(f"scheduler budget {self.budget_bytes / 2**30:.2f} GiB")
         if self.scheduled_kinds is not None:

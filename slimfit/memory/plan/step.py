@@ -118,9 +118,10 @@ def _add_lora(model, ref: ModelRef, rank: int):
     return get_peft_model(model, config)
 
 
-def _build(spec: StepSpec, ref: ModelRef, fake=None):
-    """The model of the spec: checkpointing, LoRA and the preset applied, on its device. fake: the FakeTensorMode
-    of a prediction (every parameter fake, the small ones made for real too: fake.fake_parameters)."""
+def _build(spec: StepSpec, ref: ModelRef, fake=None, mesh=None):
+    """The model of the spec: checkpointing, LoRA and the preset applied, on its device, sharded over ``mesh``
+    (world_size > 1: sharding.py). fake: the FakeTensorMode of a prediction (every parameter fake, the small
+    ones made for real too: fake.fake_parameters)."""
     import slimfit
     from slimfit.config import SlimFitConfig
 
@@ -142,6 +143,10 @@ def _build(spec: StepSpec, ref: ModelRef, fake=None):
         slimfit.patch(model, SlimFitConfig.preset(spec.preset))
     elif spec.chunked_loss:   # the chunked loss alone (the presets chunk it already): nothing else compressed
         slimfit.patch(model, SlimFitConfig(dropout="torch", lm_head_chunk_rows=CHUNKED_LOSS_ROWS))
+    if mesh is not None:
+        from .sharding import shard
+
+        shard(model, mesh)
     return model if spec.device == "cpu" or fake is not None else model.to(spec.device)
 
 
@@ -247,15 +252,28 @@ def open_step(spec: StepSpec, fake=None, ref: ModelRef | None = None, freeze_all
     freeze_all: every layer the scheduler would schedule frozen, no scheduler (budget.py's base). budget: with
     spec.budget_bytes, the scheduler's budget-mode arguments, computed by the caller (budget.scheduler_budget):
     the step builder does not plan, so the plan's modules import one way only."""
-    import torch
-
     ref = ref or resolve_model(spec.model, spec.task)
     check_spec(spec, ref, fake=fake is not None)
     if spec.budget_bytes is not None and budget is None and not freeze_all:
         raise ValueError("open_step: the spec asks for the scheduler's budget mode (budget_bytes); pass "
                          "budget=slimfit.plan.scheduler_budget(spec.replace(budget_bytes=None), spec.budget_bytes)")
+    if spec.world_size > 1 and fake is None:
+        raise ValueError(f"open_step: world_size={spec.world_size} is predicted only (a fake process group); a "
+                         "sharded step runs on its ranks: measure it with python -m bench.sharded")
+    from .sharding import process_group
+
+    with process_group(spec.world_size) as mesh:
+        with _open(spec, ref, fake, freeze_all, budget, mesh) as step:
+            yield step
+
+
+@contextlib.contextmanager
+def _open(spec: StepSpec, ref: ModelRef, fake, freeze_all: bool, budget: dict | None, mesh):
+    """open_step's body, inside the process group of a sharded spec (``mesh``: None for one process)."""
+    import torch
+
     with _building(fake):
-        model = _build(spec, ref, fake=fake)
+        model = _build(spec, ref, fake=fake, mesh=mesh)
         optimizer = _optimizer(spec, model, fake=fake is not None)
     # a fake run stays on the CPU whatever the spec's device (docs/plan.md: what a CUDA prediction is)
     run_device = "cpu" if fake is not None else spec.device
