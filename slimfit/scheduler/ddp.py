@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["check_parallel_wrappers", "resolve_group", "DistSync"]
+__all__ = ["check_parallel_wrappers", "check_not_deepspeed", "resolve_group", "DistSync"]
 
 
 def _is_fsdp1(model: nn.Module) -> bool:
@@ -50,8 +50,30 @@ def _has_flat_params(params: Sequence[torch.Tensor]) -> bool:
     return any(type(p).__name__ == "FlatParameter" for p in params)
 
 
+_DEEPSPEED = ("slimfit's ILS scheduler does not support DeepSpeed ZeRO: ZeRO-3 keeps each parameter's values "
+              "outside the tensor (p.ds_tensor, the tensor itself empty between uses), so scores, snapshots and "
+              "held optimizer state would read nothing; ZeRO-1/2 flatten the trained parameters into groups fixed "
+              "when the engine is built, and its optimizer steps them without slimfit's chunked step or held "
+              "moments. Shard with FSDP2 (torch.distributed.fsdp.fully_shard; accelerate's FSDP plugin with "
+              "fsdp_version=2), under which the scheduler, the chunked step and the 8-bit moments work per shard "
+              "(docs/optim.md)")
+
+
+def _is_deepspeed(obj) -> bool:
+    """A DeepSpeed engine or optimizer (by its module), or a ZeRO-3 partitioned parameter (its ds_id)."""
+    return type(obj).__module__.split(".")[0] == "deepspeed" or hasattr(obj, "ds_id")
+
+
+def check_not_deepspeed(*objects) -> None:
+    """NotImplementedError (_DEEPSPEED) when any of ``objects`` (a model, an optimizer, parameters) is DeepSpeed's."""
+    for obj in objects:
+        if obj is not None and _is_deepspeed(obj):
+            raise NotImplementedError(_DEEPSPEED)
+
+
 def check_parallel_wrappers(model: Optional[nn.Module], params: Sequence[torch.Tensor]) -> None:
     """Raise a clear error for settings under which ILS cannot work."""
+    check_not_deepspeed(model, *params)
     if (model is not None and _is_fsdp1(model)) or _has_flat_params(params):
         raise NotImplementedError(
             "slimfit's ILS scheduler does not support FSDP1 (FullyShardedDataParallel / FlatParameter): it "

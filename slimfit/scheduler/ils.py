@@ -61,7 +61,7 @@ from .candidates import (
     unwrap_model,
 )
 from .config import AUTO_WARMUP, DECODER_WARMUP_STEPS, EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
-from .ddp import DistSync, check_parallel_wrappers, names_digest, resolve_group
+from .ddp import DistSync, check_not_deepspeed, check_parallel_wrappers, names_digest, resolve_group
 from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import BlockSums, compute_scores
@@ -480,6 +480,7 @@ class ILSScheduler:
         Raises ValueError when the optimizer holds none of the scheduled parameters, and warns
         when it misses some: those layers could never train. ValueError too when another live scheduler
         is attached to it (one scheduler per optimizer: close() the other first)."""
+        check_not_deepspeed(optimizer, unwrap_optimizer(optimizer))
         check_optimizer_coverage(optimizer, self.names, self.params)
         opt = unwrap_optimizer(optimizer)
         _check_sole_owner(self, opt)
