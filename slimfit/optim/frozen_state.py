@@ -50,7 +50,7 @@ import torch
 from slimfit._optimizer_state import unwrap_optimizer
 
 from . import checkpoint, chunked_step, codec, dynamic_code
-from .held_step import new_held_state
+from .held_step import new_full_state, new_held_state
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
 from .sharded_params import blocks_fixed, global_start, like_param, local
@@ -159,18 +159,20 @@ class FrozenState:
 
     @torch.no_grad()
     def _make_missing_state(self) -> None:
-        """Under a chunked step, every parameter without optimizer state gets its held state now (zero moments,
-        step 0: what the chunked step makes at the parameter's first step, 2 bytes a parameter for AdamW), so
-        the optimizer's state lists every parameter from the start. torch.distributed.checkpoint loads an
-        optimizer's state into the template ``get_state_dict`` makes of the live one: a layer frozen when the
-        template is made, with no state yet, would silently not get its saved moments back."""
+        """Under a chunked step, every parameter without optimizer state gets it now (zero moments, step 0: what
+        the chunked step makes at the parameter's first step), held (2 bytes a parameter for AdamW), or in full
+        where this holder keeps it so (an FSDP2 shard that would cut a block: can_hold). So the optimizer's
+        state lists every parameter from the start: torch.distributed.checkpoint loads an optimizer's state into
+        the template ``get_state_dict`` makes of the live one, and a layer without state there would not get
+        its saved moments back."""
         if self._chunked is None:
             return
         opt = self.optimizer
         for group in opt.param_groups:
             for p in group["params"]:
-                if not opt.state.get(p) and chunked_step.layout_ok_without_grad(p) and self.can_hold(p):
-                    opt.state[p] = new_held_state(p, group, self)
+                if opt.state.get(p) or not chunked_step.layout_ok_without_grad(p):
+                    continue
+                opt.state[p] = new_held_state(p, group, self) if self.can_hold(p) else new_full_state(p, group)
 
     def freeze(self, params) -> int:
         """Compress (or offload) the state of ``params``; how many parameters had state to hold."""

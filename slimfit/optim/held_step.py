@@ -21,7 +21,8 @@ from .sharded_params import global_start, local
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import ROUNDED_DTYPES, adam_step_rounded
 
-__all__ = ["held_moments", "step_held", "new_held_state", "report_pieces", "copies", "counts_of", "step_numbers"]
+__all__ = ["held_moments", "step_held", "new_held_state", "new_full_state", "report_pieces", "copies", "counts_of",
+           "step_numbers"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
 _MAX = ("max_exp_avg_sq", True)
@@ -38,13 +39,26 @@ def is_held(state, group) -> bool:
                                    for k, _ in held_moments(group))
 
 
-def new_held_state(p, group, holder) -> dict:
-    """A fresh Adam state for ``p`` with its moments held (torch's step count, zero moments as entries)."""
+def _new_step(p, group) -> torch.Tensor:
+    """torch's step count of a fresh Adam state (as its _init_group: a fused step counts on the device)."""
     from torch.optim.optimizer import _get_scalar_dtype
 
-    fused = bool(group.get("fused"))   # as torch's _init_group: a fused step counts on the parameter's device
-    state = {"step": torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device) if fused
-             else torch.tensor(0.0, dtype=_get_scalar_dtype())}
+    fused = bool(group.get("fused"))
+    return (torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device) if fused
+            else torch.tensor(0.0, dtype=_get_scalar_dtype()))
+
+
+def new_full_state(p, group) -> dict:
+    """A fresh Adam state for ``p`` as torch's _init_group makes it: the step count and zero moments in full."""
+    state = {"step": _new_step(p, group)}
+    for key, _ in held_moments(group):
+        state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state
+
+
+def new_held_state(p, group, holder) -> dict:
+    """A fresh Adam state for ``p`` with its moments held (torch's step count, zero moments as entries)."""
+    state = {"step": _new_step(p, group)}
     shape = local(p).shape   # an FSDP2 shard's entries code this rank's piece (sharded_params.py)
     for key, sqrt in held_moments(group):
         state[key + Q8] = codec.zeros_entry(shape, p.dtype, p.device, sqrt=sqrt, **holder.codec_options())

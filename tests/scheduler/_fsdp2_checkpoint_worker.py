@@ -11,7 +11,12 @@ from _two_ranks import free_port, init_worker
 def run(rank, world, port, outdir, phase):
     init_worker(rank, world, port)
     try:
-        result = _save(rank, world, outdir) if phase == "save" else _load(world, outdir, phase == "load")
+        if phase == "save":
+            result = _save(rank, world, outdir)
+        elif phase == "relay":   # loaded from ckpt, saved again to ckpt_relay at this world size
+            result = _load(world, outdir, True, relay=True)
+        else:
+            result = _load(world, outdir, phase != "bare", source="ckpt_relay" if phase == "last" else "ckpt")
         torch.save(result, os.path.join(outdir, f"{phase}{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -61,7 +66,7 @@ def _save(rank, world, outdir):
     return {"moments": _moments(model, opt), "scheduler": sched.state_dict(), "frozen": sched.frozen_names()}
 
 
-def _load(world, outdir, trainable):
+def _load(world, outdir, trainable, source="ckpt", relay=False):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -73,8 +78,11 @@ def _load(world, outdir, trainable):
     with context:
         model_sd, optim_sd = get_state_dict(model, opt)
         sd = {"model": model_sd, "optim": optim_sd}
-        dcp.load(sd, checkpoint_id=os.path.join(outdir, "ckpt"))
+        dcp.load(sd, checkpoint_id=os.path.join(outdir, source))
         set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        if relay:
+            model_sd, optim_sd = get_state_dict(model, opt)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(outdir, "ckpt_relay"))
     loaded = _moments_or_none(model, opt)
     if not trainable:   # (a frozen layer left without any state: nothing to hold again)
         return {"loaded": loaded, "frozen": frozen}
