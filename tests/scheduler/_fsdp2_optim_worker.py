@@ -87,6 +87,15 @@ def _body(rank, world, steps):
     out["accumulated_plain"], out["accumulated_chunked"] = _local(plain), _local(chunked)
     out["accumulated_pieces"] = step.pieces_stepped
 
+    # bf16 weights: the defaults (every moment 8-bit, weights rounded stochastically) on shards
+    model = _sharded(copy.deepcopy(base).to(torch.bfloat16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0)
+    before = _local(model)
+    _, losses = _train(model, opt, sched, x[half].bfloat16(), y[half].bfloat16(), steps)
+    out["bf16"] = {"losses": losses, "rounding": sched.chunked_step.weight_rounding,
+                   "unmoved": [n for n, w in _local(model).items() if w.numel() and torch.equal(w, before[n])]}
+
     # the scheduler with the chunked step, moments in full, against one process on the whole batch
     for name, state in (("full", "full"), ("q8", "8bit")):
         model = _sharded(copy.deepcopy(base))

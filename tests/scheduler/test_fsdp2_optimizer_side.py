@@ -27,6 +27,13 @@ def test_chunked_step_on_shards_is_torchs_step_bit_for_bit(ranks):
             assert torch.equal(w, r["chunked"][name]), name
 
 
+def test_bf16_weights_on_shards_train_under_the_defaults(ranks):
+    for r in ranks:
+        b = r["bf16"]
+        assert b["rounding"] == "stochastic" and not b["unmoved"]        # every non-empty piece moved
+        assert b["losses"][-1] < 0.5 * b["losses"][0]
+
+
 def test_step_memory_counts_a_ranks_pieces_not_the_whole_parameters(ranks):
     for r in ranks:
         m = r["measured"]
