@@ -69,21 +69,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _layers(model) -> list:
-    """The transformer blocks: the first nn.ModuleList of 2+ modules."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
-            return list(module)
-    raise ValueError("no nn.ModuleList of layers in this model")
-
-
 def _model(spec: Spec, rank: int):
     """(model, inputs, optimizer, after_step) of one rank: built, patched, sharded."""
-    from torch.distributed.fsdp import fully_shard
-
     import slimfit
     from bench.frontier import _checkpointing
     from slimfit.config import SlimFitConfig
+    from slimfit.memory.plan.sharding import shard
 
     arch = archs.resolve(spec.arch)
     if spec.quick:
@@ -94,9 +85,7 @@ def _model(spec: Spec, rank: int):
         _checkpointing(model)
     if spec.method == "fsdp2+slimfit":
         slimfit.patch(model, SlimFitConfig.preset("paper"))
-    for layer in _layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+    shard(model, None)   # the plan's wrapping (every transformer layer, then the root), on the default mesh
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
     after = None
     if spec.method == "fsdp2+slimfit":
@@ -179,8 +168,10 @@ def predicted_mib(row: dict, quick: bool = False) -> float:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["# The whole step's peak per rank under FSDP2 (CPU, gloo)", "",
-             f"`{_results.command('sharded')}`. The largest rank's peak (every rank's beside it) and its "
+    devices = ", ".join(sorted({f"{r['device_name']}, torch {r['torch']}" for r in rows}))
+    lines = ["# The whole step's peak per rank under FSDP2 (CPU, gloo)", "", f"Measured on: {devices}.", "",
+             f"`{_results.command('sharded', [])}` (rows resumable; `--predict` fills in predictions). "
+             "The largest rank's peak (every rank's beside it) and its "
              "parts at the peak; `less than fsdp2`: plain FSDP2's peak at the same world size over the row's; step "
              "time: the slowest rank's median of two steps, the cores shared by the N processes (compare rows of "
              "one world size only). `predicted`: `slimfit plan --world-size N` of rank 0 (a lower bound: its "

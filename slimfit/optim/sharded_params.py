@@ -24,15 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from slimfit.scheduler.sharded import is_sharded as is_dtensor  # the one DTensor check (the scheduler's)
+
 __all__ = ["is_dtensor", "local", "steppable", "global_start", "like_param", "blocks_fixed"]
-
-
-def is_dtensor(t) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except Exception:  # torch built without distributed
-        return False
-    return isinstance(t, DTensor)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
