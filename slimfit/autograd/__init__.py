@@ -14,6 +14,7 @@
     grouped_linear(x, weight, offsets, *, gather=None, mm=None, input_bits=None, ...)   (rows sorted by expert)
     attention(...)  (slimfit/autograd/attention.py)
     linear_cross_entropy(x, weight, bias, labels, *, chunk_rows=256) / causal_lm_loss(...)   (LM head, no logits kept)
+    embedding_sparse_grad(ids, weight) / tied_uses(weight)   (a tied embedding: one vocabulary-sized gradient, not two)
     fused_attention(q, k, v, ...)  PyTorch's fused kernel, Q/K/V saved 8-bit (slimfit/autograd/fused_attention.py)
 
 Each compressing function takes its options as keywords or as one frozen, once-checked object

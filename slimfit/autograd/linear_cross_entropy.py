@@ -4,8 +4,9 @@ never kept for backward (nor held whole at any time).
     loss = linear_cross_entropy(hidden, weight, bias, labels)           # mean over non-ignored labels
     loss = causal_lm_loss(hidden, weight, bias, labels)                 # + Hugging Face's shift
 
-Forward computes the logits of `chunk_rows` rows at a time (in the compute dtype: the input's, or
-the autocast dtype), upcasts them to fp32 as transformers' `ForCausalLMLoss` does, and keeps one
+Forward computes the logits of `chunk_rows` rows at a time (fewer at a large vocabulary: at most
+CHUNK_LOGIT_ELEMENTS logits a chunk, 55 rows at 152k; in the compute dtype: the input's, or the
+autocast dtype), upcasts them to fp32 as transformers' `ForCausalLMLoss` does, and keeps one
 logsumexp per row. What is saved depends on what needs a gradient (the scheduler's contract,
 `weight.requires_grad`):
 
@@ -65,12 +66,23 @@ from ._common import (
 __all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS", "LinearCrossEntropyOptions"]
 
 DEFAULT_CHUNK_ROWS = 256
+# A chunk holds at most this many logits (fp32: 32 MiB; with its 16-bit logits and logsumexp's temporary about
+# 10 bytes each at the forward's peak), and at least MIN_CHUNK_ROWS rows: at a 152k vocabulary 256 rows would be
+# 148 MiB of fp32 logits and about 370 MiB in all, the whole step's largest transient
+CHUNK_LOGIT_ELEMENTS = 8 * 2**20
+MIN_CHUNK_ROWS = 16
+
+
+def chunk_rows_for(chunk_rows: int, vocab: int) -> int:
+    """The rows of logits made at a time: `chunk_rows`, fewer where a chunk would pass CHUNK_LOGIT_ELEMENTS."""
+    return max(1, min(chunk_rows, max(MIN_CHUNK_ROWS, CHUNK_LOGIT_ELEMENTS // max(vocab, 1))))
 
 
 @dataclass(frozen=True)
 class LinearCrossEntropyOptions:
     """The label that counts for nothing (`ignore_index`) and the rows of logits made at a time
-    (`chunk_rows`: the only S×vocab memory, chunk_rows × vocab fp32). Checked once, here."""
+    (`chunk_rows`: the only S×vocab memory, chunk_rows × vocab fp32; fewer rows where a chunk would hold more
+    than CHUNK_LOGIT_ELEMENTS logits, chunk_rows_for). Checked once, here."""
 
     op: ClassVar[str] = "linear_cross_entropy"
     ignore_index: int = -100
@@ -153,7 +165,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.rows = x.shape[0]
         if keep is not None:
             x = x.index_select(0, keep)
-        ignore_index, chunk_rows = options.ignore_index, options.chunk_rows
+        ignore_index, chunk_rows = options.ignore_index, chunk_rows_for(options.chunk_rows, weight.shape[0])
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         eager = need_x and not (need_w or need_b)
         device_type = x.device.type
@@ -271,18 +283,28 @@ def _one_pass(rows: _RowGrads, w: torch.Tensor, b, x_dtype, b_dtype, weight_in_p
     return grad_x, (None if grad_b is None else grad_b.to(b_dtype)), grad_w
 
 
+# The fp32 block sum of a 16-bit head's weight gradient: at most 64 MiB (with its 16-bit product, 96 MiB beside the
+# gradient at the loss's backward: a 152k x 896 head would otherwise hold 148 + 74 MiB)
+_BLOCK_SUM_ELEMENTS = 16 * 2**20
+
+
 def _weight_grad(rows: _RowGrads, w: torch.Tensor, b, w_dtype) -> torch.Tensor:
     """The head weight's gradient in ``w_dtype``, a block of vocabulary rows at a time: each block summed over
     every chunk of rows in fp32, then rounded once into the gradient. A whole (vocab, hidden) fp32 accumulator
     (and a vocab-wide product per chunk) would cost 6x a bf16 head's bytes at the peak: 0.8 GiB for a 152k
-    vocabulary at hidden 896. A block has as many elements as a chunk's logits, so neither is the larger."""
+    vocabulary at hidden 896. A block has as many elements as a chunk's logits, so neither is the larger, and at
+    most _BLOCK_SUM_ELEMENTS: the block's count changes no FLOPs (each block's logits are recomputed for every
+    chunk of rows, one head GEMM in all), only how many GEMMs share them."""
     n, vocab, hidden = rows.x.shape[0], w.shape[0], w.shape[1]
-    block = max(1, min(vocab, rows.chunk_rows * vocab // max(hidden, 1)))
+    block = max(1, min(vocab, rows.chunk_rows * vocab // max(hidden, 1), _BLOCK_SUM_ELEMENTS // max(hidden, 1)))
     grad_w = torch.empty(w.shape, dtype=w_dtype, device=w.device)
+    # one fp32 sum for every block, zeroed per block: a new one per block would hold two at the peak (the next is
+    # made before the last is freed: 2 x 148 MiB at a 152k vocabulary, hidden 896)
+    whole = torch.empty((min(block, vocab), hidden), dtype=torch.float32, device=w.device)
     for first in range(0, vocab, block):
         last = min(first + block, vocab)
         wb, bb = w[first:last], (None if b is None else b[first:last])
-        acc = torch.zeros((last - first, hidden), dtype=torch.float32, device=w.device)
+        acc = whole[:last - first].zero_()
         for start in range(0, n, rows.chunk_rows):
             end = min(start + rows.chunk_rows, n)
             g = rows.grad_logits(start, end, wb, bb, first).to(w.dtype)

@@ -15,7 +15,9 @@ A transformers `*ForCausalLM` / `*LMHeadModel` is taken when its structure fits 
 its head is a linear layer of `vocab_size` rows, its loss is transformers' `ForCausalLMLoss`, no config
 field scales or soft-caps the logits, and at patch time, on a small random input, the chunked loss equals
 the model's own loss (so a forward that applies anything between head and loss is found and left
-alone). Others are left alone and reported in the summary with the reason.
+alone). Others are left alone and reported in the summary with the reason. A head tied to the input
+embedding also gets that embedding's lookup with a sparse gradient while the loss runs
+(slimfit.patching.tied_embedding): one vocabulary-sized gradient in backward, not two.
 """
 from __future__ import annotations
 
@@ -27,6 +29,13 @@ from torch import nn
 
 from ..autograd.linear_cross_entropy import causal_lm_loss
 from .modules import patched_class
+from .tied_embedding import (
+    TIED_EMBEDDING,
+    patch_tied_embedding,
+    sparse_embedding_grad,
+    unpatch_tied_embedding,
+    why_not_tied,
+)
 
 __all__ = ["patch_causal_lm", "unpatch_causal_lm", "CAUSAL_LM_OPTIONS"]
 
@@ -144,8 +153,9 @@ def _chunked_forward(self, *args, **kwargs):
     return_dict = extra.pop("return_dict", None)
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
-    outputs = self.base_model(**arguments, **extra)
-    loss = causal_lm_loss(outputs.last_hidden_state, head.weight, head.bias, labels,
+    with sparse_embedding_grad(self, head.weight) as head_weight:  # tied: one vocabulary-sized gradient
+        outputs = self.base_model(**arguments, **extra)
+    loss = causal_lm_loss(outputs.last_hidden_state, head_weight, head.bias, labels,
                           shift_labels=extra.get("shift_labels"), ignore_index=extra.get("ignore_index", -100),
                           num_items_in_batch=extra.get("num_items_in_batch"),
                           chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"],
@@ -174,10 +184,29 @@ def patch_causal_lm(model: nn.Module, chunk_rows: int, summary) -> None:
         module.__class__ = patched_class(type(module), ChunkedLossForward)
         summary.patched.append((path, "causal-lm loss", f"chunked linear + cross-entropy, {chunk_rows} rows per "
                                 "chunk (no logits kept; logits=None in training)"))
+        _patch_tied(module, path, summary)
+
+
+def _patch_tied(module: nn.Module, path: str, summary) -> None:
+    """The tied input embedding of a patched causal LM: its gradient sparse (slimfit.patching.tied_embedding)."""
+    why = why_not_tied(module)
+    if why == "":
+        return
+    embedding = module.get_input_embeddings()
+    name = next((f"{path}.{n}" if path != "(root)" else n for n, m in module.named_modules() if m is embedding),
+                path)
+    if why is not None:
+        summary.skipped.append((name, type(embedding).__name__, why))
+        return
+    patch_tied_embedding(module)
+    summary.patched.append((name, "tied embedding", "gradient one row per token (sparse) while the chunked loss "
+                            "takes the head's: no second vocabulary-sized gradient"))
 
 
 def unpatch_causal_lm(model: nn.Module) -> None:
     for module in model.modules():
+        if TIED_EMBEDDING in vars(module):
+            unpatch_tied_embedding(module)
         if CAUSAL_LM_OPTIONS in vars(module):
             module.__class__ = vars(module)[CAUSAL_LM_OPTIONS].get("class", type(module))
             delattr(module, CAUSAL_LM_OPTIONS)

@@ -351,3 +351,32 @@ def test_softcap_saves_what_the_uncapped_loss_saves():
     run = measure(lambda: causal_lm_loss(hidden, weight, None, labels, softcap=3.0), backward=True,
                   exclude=(weight,))
     assert run.total == valid * H * 4 + valid * 8
+
+
+def test_chunk_rows_shrink_at_a_large_vocabulary():
+    """A chunk holds at most CHUNK_LOGIT_ELEMENTS logits (at least MIN_CHUNK_ROWS rows, never more than asked)."""
+    from slimfit.autograd.linear_cross_entropy import chunk_rows_for
+
+    assert chunk_rows_for(256, 32000) == 256          # Llama-2's vocabulary: as asked
+    assert chunk_rows_for(256, 151936) == 55          # Qwen2.5's: 32 MiB of fp32 logits a chunk
+    assert chunk_rows_for(256, 10**7) == 16           # the floor
+    assert chunk_rows_for(8, 10**7) == 8              # never more than asked
+
+
+def test_large_vocabulary_chunks_and_blocks_give_the_same_loss_and_gradients(monkeypatch):
+    """Fewer rows a chunk (a vocabulary past the logit cap) and small fp32 block sums of a bf16 head's gradient
+    (the block cap forced low): the loss and gradients as the reference's."""
+    lce = importlib.import_module("slimfit.autograd.linear_cross_entropy")
+    monkeypatch.setattr(lce, "CHUNK_LOGIT_ELEMENTS", 4 * V)  # 4 rows a chunk at V classes
+    hidden, weight, b, labels = _setup()
+    ref = hf_loss(F.linear(hidden, weight, b), labels, V)
+    got = causal_lm_loss(hidden, weight, b, labels, chunk_rows=256)
+    _close(got, ref)
+    for a, r in zip(_grads(got, [hidden, weight, b]), _grads(ref, [hidden, weight, b])):
+        _close(a, r)
+    half = [t.detach().bfloat16().requires_grad_() for t in (hidden, weight, b)]
+    unbounded = _grads(causal_lm_loss(*half, labels, chunk_rows=4), half)
+    monkeypatch.setattr(lce, "_BLOCK_SUM_ELEMENTS", 10 * H)  # 11 blocks of 10 classes, one sum reused
+    bounded = _grads(causal_lm_loss(*half, labels, chunk_rows=4), half)
+    for a, r in zip(bounded, unbounded):
+        torch.testing.assert_close(a.float(), r.float(), rtol=0, atol=2 ** -8 * r.float().abs().max().item())
