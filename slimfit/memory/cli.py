@@ -37,6 +37,7 @@ import functools
 import sys
 from typing import Callable
 
+from .._optimizer_state import STATE_CODES
 from . import models, runs
 from .plan.spec import OPTIMIZER_STATES, PRESETS
 from .units import format_bytes, parse_bytes
@@ -335,6 +336,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with a freeze rate, what the scheduler freezes: all, or kinds joined by commas "
                              "(matmul, norm, embedding; e.g. matmul,embedding: the embeddings scheduled too); "
                              "default: the scheduler's, the weight matrices")
+    parser.add_argument("--state-code", default=None, choices=list(STATE_CODES),
+                        help="with a freeze rate, how the held moments are coded (ILSScheduler's state_code): "
+                             "dynamic8 (its default), dynamic4 (4-bit), linear8, ...")
     parser.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="predict one rank of FSDP2 over N ranks (each transformer layer and the root "
                              "wrapped by fully_shard; --batch per rank); default 1, one process")
@@ -386,7 +390,7 @@ def _spec(args, **changes):
                   task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
                   chunked_loss=args.chunked_loss, warmup_steps=args.warmup_steps,
                   optimizer_state=_optimizer_state(args), scheduled_kinds=args.scheduled_kinds,
-                  world_size=args.world_size)
+                  world_size=args.world_size, state_code=args.state_code)
     values.update(changes)
     return StepSpec(args.model, **values)
 

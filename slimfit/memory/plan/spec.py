@@ -57,6 +57,8 @@ class StepSpec:
     scheduled_kinds  with a rate: the scheduler's scheduled_kinds (None, its default: the weight matrices, the
                    embeddings and norms training every step; "all"; or a selection such as ("matmul",
                    "embedding"): the embeddings scheduled too)
+    state_code     with a rate and held moments: the scheduler's state_code (None, its default: "dynamic8"; or
+                   "dynamic4": every held moment 4-bit, "linear8", ...)
     world_size     1: one process; N > 1: a rank of FSDP2 over N ranks (each transformer layer and the root
                    wrapped by fully_shard; batch per rank; predicted only: sharding.py)
     """
@@ -84,6 +86,7 @@ class StepSpec:
     warmup_steps: int | str = 0
     scheduled_kinds: str | tuple | None = None
     world_size: int = 1
+    state_code: str | None = None
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -135,12 +138,24 @@ class StepSpec:
         if self.optimizer_state == "host" and not self.step_in_backward:
             out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
                        "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
-        out += self._kinds_problems()
+        out += self._kinds_problems() + self._code_problems()
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             out.append(f"world_size must be an int >= 1 (the ranks FSDP2 shards over), got {self.world_size!r}")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
             out.append("budget_bytes (the scheduler's budget mode) needs a freeze rate and a number of bytes > 0")
         return out
+
+    def _code_problems(self) -> list[str]:
+        """What is wrong with state_code (one of the scheduler's codes; it needs a rate)."""
+        if self.state_code is None:
+            return []
+        from ..._optimizer_state import STATE_CODES
+
+        if self.state_code not in STATE_CODES:
+            return [f"state_code must be one of {', '.join(STATE_CODES)}, got {self.state_code!r}"]
+        if not self.rate:
+            return ["state_code codes the moments the scheduler holds: it needs a freeze rate"]
+        return []
 
     def _kinds_problems(self) -> list[str]:
         """What is wrong with scheduled_kinds (the scheduler's own check, and it needs a rate)."""
@@ -234,9 +249,12 @@ class StepSpec:
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
         if self.rate and self.optimizer == "adamw":
-            parts.append({None: "frozen state in full", "compress": "frozen state 8-bit",
-                          "offload": "frozen state offloaded", "compress_all": "every state 8-bit",
+            bits = "4-bit" if (self.state_code or "").startswith("dynamic4") else "8-bit"
+            parts.append({None: "frozen state in full", "compress": f"frozen state {bits}",
+                          "offload": "frozen state offloaded", "compress_all": f"every state {bits}",
                           "offload_all": "every state on the host"}[self.held_state])
+            if self.state_code is not None and self.held_state in ("compress", "compress_all"):
+                parts.append(f"code {self.state_code}")
         if self.world_size > 1:
             parts.append(f"FSDP2 rank of {self.world_size}")
         if self.budget_bytes is not None:

@@ -185,6 +185,8 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     options = {} if freeze_all else dict(budget or {})
     if spec.scheduled_kinds is not None:
         options["scheduled_kinds"] = spec.scheduled_kinds
+    if spec.state_code is not None:
+        options["state_code"] = spec.state_code
     mode = spec.held_state
     held, between_steps = HOLDERS.get(from_frozen_state(mode), (None, False))
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
