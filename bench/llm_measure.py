@@ -21,7 +21,8 @@ of the same model in the same run (noisy: for the ratio, not the seconds). Rows:
                     state of the recipe is predicted only (bench/llm_plan.py);
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
   slimfit defaults  paper() + ILSScheduler at rate 0.7 (every AdamW state 8-bit), the frozen set at the rate;
-  slimfit + ckpt + step in backward, every state 8-bit.
+  slimfit + ckpt + step in backward, every state 8-bit;
+  slimfit defaults with every held moment 4-bit (ILSScheduler(state_code="dynamic4")).
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ ROWS = {"plain bf16, AdamW": {},
         "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
         "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7),
         "slimfit + ckpt + step in backward, every state 8-bit":
-            dict(preset="paper", rate=0.7, checkpointing=True, step_in_backward=True, optimizer_state="8bit")}
+            dict(preset="paper", rate=0.7, checkpointing=True, step_in_backward=True, optimizer_state="8bit"),
+        "slimfit defaults, every moment 4-bit (state_code='dynamic4')":
+            dict(preset="paper", rate=0.7, state_code="dynamic4")}
 
 
 def measure_row(model: str, batch: int, seq: int, fields: dict) -> dict:
