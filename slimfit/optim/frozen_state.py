@@ -27,11 +27,11 @@ hand); when it is frozen (a zero-filled gradient) its gradient is dropped instea
     frozen_state = attach_frozen_state(sched, opt, mode="compress")
 
 With ``between_steps=True`` the state of the trained layers is held too, between their own steps (an 8-bit
-AdamW made of slimfit's kernels, when compressing). With an optimizer from ``step_in_backward`` each
-parameter's state is put back right before its step inside backward and held again right after it (one
-parameter's state in full at a time); with a plain torch Adam/AdamW under a ChunkedStep (compress only) the
-moments are never put back: the chunked step decodes, updates and encodes them a piece at a time
-(held_step.py).
+AdamW made of slimfit's kernels, when compressing). Under a ChunkedStep (compress only: a plain torch
+Adam/AdamW, or the per-parameter optimizers of ``step_in_backward``) the moments are never put back: the
+chunked step decodes, updates and encodes them a piece at a time (held_step.py), inside backward for the step
+in backward. Without one, an optimizer from ``step_in_backward`` has each parameter's state put back right
+before its step inside backward and held again right after it (one parameter's state in full at a time).
 
 ``SchedulerConfig.optimizer_state`` attaches one (slimfit/optim/attach.py): "8bit" is compress with
 between_steps=True, "8bit-frozen" compress, "host-frozen" offload, "full" none, and "auto", the default, "8bit"
@@ -107,7 +107,11 @@ class FrozenState:
         self.mode, self.group_size, self.stochastic, self.seed = mode, int(group_size), bool(stochastic), int(seed)
         # between_steps on a plain optimizer: its ChunkedStep steps the held moments a piece at a time
         self._chunked = None
-        if self.between_steps and not hasattr(self.optimizer, "register_param_step_post_hook"):
+        if self.between_steps and hasattr(self.optimizer, "register_param_step_post_hook"):
+            self._chunked = _in_backward_chunked_step(self.optimizer, mode)
+            if self._chunked is not None:
+                self._chunked.set_holder(self)
+        elif self.between_steps:
             self._chunked = chunked_step.for_optimizer(self.optimizer)
             if self._chunked is None or mode != "compress":
                 raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
@@ -352,6 +356,17 @@ class FrozenState:
         handle = self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(None))
         chunked_step.run_last(self.optimizer)   # a chunked step reads the state this hook puts back
         return handle
+
+
+def _in_backward_chunked_step(optimizer, mode: str):
+    """The ChunkedStep hooked on a step in backward's per-parameter optimizers (None: none, or the moments go
+    to the host): held 8-bit moments are then stepped a piece at a time inside each parameter's own step, not
+    decoded whole before it and encoded after (a 152k x 896 embedding's two moments: 1 GiB of temporaries)."""
+    inner = getattr(optimizer, "optimizers", None)
+    if mode != "compress" or not isinstance(inner, dict):
+        return None
+    steps = {id(step): step for step in (chunked_step.for_optimizer(o) for o in inner.values()) if step is not None}
+    return next(iter(steps.values())) if len(steps) == 1 else None
 
 
 class _Handles:

@@ -206,3 +206,49 @@ def test_a_step_with_a_closure_puts_the_moments_back_for_torch_s_step():
     full = [_closure_run(seed, None) for seed in _SEEDS]
     assert sum(held) / len(held) < 0.75 and sum(full) / len(full) < 0.75
     assert sum(held) / sum(full) < _CLOSURE_MARGIN
+
+
+class _Emb(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(20000, 64)
+
+    def forward(self, ids):
+        return self.emb(ids).square().mean()
+
+
+def _held_run(in_backward: bool, steps: int = 3):
+    """Three steps of the held 8-bit AdamW over one 20000 x 64 embedding, stepped a piece at a time by a
+    ChunkedStep: by a plain optimizer's step, or inside backward (step_in_backward's per-parameter one)."""
+    from slimfit.optim import step_in_backward
+
+    model = _Emb()
+    opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2) if in_backward else \
+        torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = ChunkedStep(opt, chunk_numel=1 << 16)
+    holder = FrozenState(opt, "compress", between_steps=True, seed=3)
+    for s in range(steps):
+        ids = torch.randint(0, 20000, (6, 7), generator=torch.Generator().manual_seed(s))
+        model(ids).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt, step, holder
+
+
+def test_the_step_in_backward_steps_held_moments_a_piece_at_a_time():
+    """Inside backward too, a held parameter's moments are decoded, stepped and encoded a piece at a time, never
+    whole: the same weights and codes, bit for bit, as the plain optimizer's chunked held step (one parameter:
+    the same pieces and seeds), and backward's rise over the resident bytes near the gradient and a few pieces."""
+    plain_model, plain_opt, _, plain_holder = _held_run(False)
+    model, opt, step, holder = _held_run(True)
+    assert step.pieces_stepped == 3
+    assert torch.equal(model.emb.weight, plain_model.emb.weight)
+    (p,), (q,) = list(model.parameters()), list(plain_model.parameters())
+    for key in ("exp_avg" + Q8, "exp_avg_sq" + Q8):
+        assert torch.equal(codec.decode(opt.state[p][key]), codec.decode(plain_opt.state[q][key]))
+    ids = torch.randint(0, 20000, (6, 7), generator=torch.Generator().manual_seed(9))
+    run = measure_step(model, lambda: model(ids), opt, loss_fn=lambda out: out)
+    numel = 20000 * 64
+    assert run.phase_peaks["backward"] - run.resident <= numel * 4 + 8 * (1 << 16) * 4
+    assert holder.held_nbytes() == plain_holder.held_nbytes() < 2.2 * numel   # two 8-bit moments: 2 bytes a parameter
