@@ -159,3 +159,14 @@ def test_the_step_peak_holds_one_vocabulary_sized_gradient_fewer():
     head, chunk = vocab * hidden * 4, rows * vocab * 4
     assert rises["dense"] >= 2 * head, (rises, head)
     assert head <= rises["sparse"] <= head + 3 * chunk, (rises, head, chunk)
+
+
+def test_the_lookup_saves_only_its_ids():
+    """Saved for backward: the token ids alone (no rows of the weight, no output)."""
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(5))
+    w = torch.randn(V, H, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        embedding_sparse_grad(ids, w)
+    assert len(saved) == 1 and saved[0].dtype == torch.int64
+    assert saved[0].numel() * saved[0].element_size() == ids.numel() * 8
