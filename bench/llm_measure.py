@@ -22,7 +22,8 @@ of the same model in the same run (noisy: for the ratio, not the seconds). Rows:
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
   slimfit defaults  paper() + ILSScheduler at rate 0.7 (every AdamW state 8-bit), the frozen set at the rate;
   slimfit + ckpt + step in backward, every state 8-bit;
-  slimfit defaults with every held moment 4-bit (ILSScheduler(state_code="dynamic4")).
+  slimfit defaults with every held moment 4-bit (ILSScheduler(state_code="dynamic4"));
+  slimfit + ckpt + step in backward, every held moment 4-bit (the smallest full fine-tuning slimfit offers).
 """
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ ROWS = {"plain bf16, AdamW": {},
         "slimfit + ckpt + step in backward, every state 8-bit":
             dict(preset="paper", rate=0.7, checkpointing=True, step_in_backward=True, optimizer_state="8bit"),
         "slimfit defaults, every moment 4-bit (state_code='dynamic4')":
-            dict(preset="paper", rate=0.7, state_code="dynamic4")}
+            dict(preset="paper", rate=0.7, state_code="dynamic4"),
+        "slimfit + ckpt + step in backward, every moment 4-bit":
+            dict(preset="paper", rate=0.7, checkpointing=True, step_in_backward=True, optimizer_state="8bit",
+                 state_code="dynamic4")}
 
 
 def measure_row(model: str, batch: int, seq: int, fields: dict) -> dict:
@@ -80,11 +84,20 @@ def measure_row(model: str, batch: int, seq: int, fields: dict) -> dict:
 
 def markdown(rows: list[dict], argv: list[str]) -> str:
     """The results file: what was run, the table (time relative to the model's plain row), the error's range."""
-    plain = {r["model"]: float(r["step_s"]) for r in rows if r["row"] == "plain bf16, AdamW"}
+    plain = {r["model"]: r for r in rows if r["row"] == "plain bf16, AdamW"}
+
+    def time_ratio(r: dict) -> str:
+        base = plain.get(r["model"])
+        if base is None:
+            return "-"
+        ratio = f"{float(r['step_s']) / float(base['step_s']):.2f}x"
+        # another run (another commit or day) is another machine load: a lead, not a measurement
+        return ratio if (r["commit"], r["date"][:10]) == (base["commit"], base["date"][:10]) else ratio + "*"
+
     head = ["model", "b", "seq", "configuration", "predicted MiB", "measured MiB", "error", "a later step MiB",
             "step time vs plain", "peak in (predicted / measured)"]
     body = [[r["model"], r["batch"], r["seq"], r["row"], r["predicted_mib"], r["measured_mib"], f"{r['error_pct']}%",
-             r["later_mib"], f"{float(r['step_s']) / plain[r['model']]:.2f}x" if r["model"] in plain else "-",
+             r["later_mib"], time_ratio(r),
              f"{r['predicted_phase']} / {r['measured_phase']}"] for r in rows]
     errors = [abs(float(r["error_pct"])) for r in rows]
     lines = ["# slimfit plan against the measured step: real-width decoders, bf16 weights (CPU)", "",
@@ -92,7 +105,8 @@ def markdown(rows: list[dict], argv: list[str]) -> str:
              f"{rows[0]['torch'] if rows else ''}; commits and dates per row in llm_measure_cpu.csv.", "",
              "One whole step (forward, backward, optimizer step, zero_grad, the scheduler's step) of every layer, "
              "random weights; bench/llm_measure.py's docstring says what each row is. Step time: one step on one "
-             "thread after a warm-up, relative to the model's plain row in the same run.", ""]
+             "thread after a warm-up, relative to the model's plain row; * marks a row measured in another run than "
+             "that plain row (another commit or day, so another machine load): a lead, not a measurement.", ""]
     lines += _results.md_table(head, body, right={4, 5, 6, 7, 8})
     if errors:
         lines += ["", f"Largest |error|: {max(errors):.2f}% over {len(errors)} rows (target 5%)."]

@@ -32,7 +32,7 @@ from .modules import patched_class
 from .tied_embedding import (
     TIED_EMBEDDING,
     patch_tied_embedding,
-    sparse_embedding_grad,
+    tied_weight_one_gradient,
     unpatch_tied_embedding,
     why_not_tied,
 )
@@ -153,7 +153,7 @@ def _chunked_forward(self, *args, **kwargs):
     return_dict = extra.pop("return_dict", None)
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
-    with sparse_embedding_grad(self, head.weight) as head_weight:  # tied: one vocabulary-sized gradient
+    with tied_weight_one_gradient(self, head.weight) as head_weight:  # tied: one vocabulary-sized gradient
         outputs = self.base_model(**arguments, **extra)
     loss = causal_lm_loss(outputs.last_hidden_state, head_weight, head.bias, labels,
                           shift_labels=extra.get("shift_labels"), ignore_index=extra.get("ignore_index", -100),

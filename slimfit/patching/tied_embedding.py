@@ -23,7 +23,7 @@ from torch import nn
 from ..autograd.sparse_embedding import embedding_sparse_grad, tied_uses
 from .modules import patched_class
 
-__all__ = ["patch_tied_embedding", "unpatch_tied_embedding", "sparse_embedding_grad", "why_not_tied"]
+__all__ = ["patch_tied_embedding", "unpatch_tied_embedding", "tied_weight_one_gradient", "why_not_tied"]
 
 TIED_EMBEDDING = "_slimfit_tied_embedding"  # on the embedding: its own class
 _ALIAS = "_slimfit_tied_alias"  # on the embedding while the chunked loss runs: the lookup's alias of the weight
@@ -79,7 +79,7 @@ def unpatch_tied_embedding(embedding: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def sparse_embedding_grad(model: nn.Module, head_weight: torch.Tensor):
+def tied_weight_one_gradient(model: nn.Module, head_weight: torch.Tensor):
     """While inside, the patched tied embedding of `model` (if any, and where `_takes_sparse`) looks up an alias of
     the weight whose gradient is sparse; yields the weight the head must use (the other alias, or `head_weight`).
     The head must use it inside the same forward, so both gradients meet in one backward."""

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from slimfit.autograd.sparse_embedding import embedding_sparse_grad
 from slimfit.memory import measure_step
-from slimfit.patching.tied_embedding import TIED_EMBEDDING, sparse_embedding_grad, unpatch_tied_embedding
+from slimfit.patching.tied_embedding import TIED_EMBEDDING, tied_weight_one_gradient, unpatch_tied_embedding
 
 transformers = pytest.importorskip("transformers")
 
@@ -108,7 +108,7 @@ def test_a_gradient_without_the_heads_is_made_dense_before_any_optimizer():
     """A backward through the hidden states alone: the embedding's gradient arrives alone, and .grad is dense."""
     model = slimfit.patch(_tied_llama(), SlimFitConfig(lm_head_chunk_rows=5))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with sparse_embedding_grad(model, model.get_output_embeddings().weight):
+    with tied_weight_one_gradient(model, model.get_output_embeddings().weight):
         hidden = model.model(input_ids=_batch()["input_ids"]).last_hidden_state
     hidden.square().mean().backward()
     grad = model.get_input_embeddings().weight.grad
