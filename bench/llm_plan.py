@@ -9,15 +9,19 @@ next to the public numbers, with no GPU and no download.
 Each row is one StepSpec predicted on fake tensors (slimfit/memory/plan/), full depth, bf16 weights (the model
 and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: CUDA's attention backends):
   plain             torch AdamW, sdpa attention;
-  torchtune recipe  8-bit AdamW (torchao's AdamW8bit layout; bitsandbytes' 8-bit AdamW keeps the same bytes to
-                    within its 256-entry tables) + activation checkpointing of every layer + the optimizer step
-                    in backward + chunked CE (StepSpec step_in_backward, chunked_loss); its paged optimizer
-                    state (which moves the 8-bit moments to the host under pressure), compile and activation
-                    offload are NOT modelled: the row keeps every 8-bit moment on the device;
+  torchtune recipe  8-bit AdamW (torchao's AdamW8bit: its compiled step makes two fp32 temporaries of the
+                    parameter it steps, measured on the CPU) + activation checkpointing of every layer + the
+                    optimizer step in backward + chunked CE (StepSpec step_in_backward, chunked_loss); its paged
+                    optimizer state (which moves the 8-bit moments to the host under pressure), compile and
+                    activation offload are NOT modelled: the row keeps every 8-bit moment on the device;
+  the same with bitsandbytes' AdamW8bit (not paged): the same bytes of state to within its 256-entry maps,
+                    and a fused CUDA step that allocates nothing (optim8bit.FakeBnbAdamW8bit): the strongest
+                    8-bit recipe on a GPU; --device cuda only;
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
   slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default optimizer_state: every AdamW
                     state 8-bit), the first step's frozen set;
   slimfit + step in backward + ckpt, 8-bit  the same with checkpointing and the step in backward;
+  slimfit + step in backward + ckpt, 4-bit  ... with every moment 4-bit (state_code="dynamic4");
   slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
                     trained parameter's copied in for its step and back (lossless; what a paged optimizer does
                     under pressure). `host s` is that traffic's time (plan/cost.py's host_traffic_seconds: 25 GB/s
@@ -48,11 +52,16 @@ _SLIMFIT_IN_BACKWARD = dict(preset="paper", rate=0.7, checkpointing=True, step_i
 ROWS = {"plain bf16, AdamW": {},
         "torchtune recipe without paging: 8-bit AdamW + ckpt + step in backward + chunked CE":
             dict(optimizer="adamw8bit", checkpointing=True, step_in_backward=True, chunked_loss=True),
+        "the same recipe with bitsandbytes' AdamW8bit (its fused step: no temporaries)":
+            dict(optimizer="adamw8bit-bnb", checkpointing=True, step_in_backward=True, chunked_loss=True),
         "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
         "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7),
         "slimfit + ckpt + step in backward, every state 8-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit"},
+        "slimfit + ckpt + step in backward, every moment 4-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit",
+                                                                  "state_code": "dynamic4"},
         "slimfit + ckpt + step in backward, every state on the host": {**_SLIMFIT_IN_BACKWARD,
                                                                        "optimizer_state": "host"}}
+CUDA_ONLY = {"adamw8bit-bnb"}   # optimizers planned for a GPU only (StepSpec.optimizer)
 PUBLIC = {("llama-3.1-8b", 2, 2048): "torchtune: 18.9 GiB (bf16 + 8-bit paged AdamW + step in backward + "
                                      "checkpointing + chunked CE, RTX 4090)",
           ("llama-3.2-3b", 2, 4096): "torchtune: 17.6 GiB with every flag stacked (from 60.0 GiB)"}
@@ -121,7 +130,7 @@ def markdown(rows: list[dict], argv: list[str], device: str) -> str:
              "autograd keeps for backward. The step time is plan/cost.py's estimate with nominal H100-class "
              "rates (for ranking configurations, not a benchmark); `host s` is the host traffic of the rows "
              "that keep the moments in host memory, which that estimate leaves out. bench/llm_plan.py's "
-             "docstring says what each row models; the torchtune row leaves out the recipe's paged optimizer "
+             "docstring says what each row models; the torchtune rows leave out the recipe's paged optimizer "
              "state and activation offload: every 8-bit moment stays on the device there.", ""]
     lines += _results.md_table(head, body, right=set(range(4, 14)) - {10})
     public = [f"- {m} b{b} s{s}: {text}" for (m, b, s), text in PUBLIC.items()
@@ -145,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model, batch, seq in cases:
         for label, fields in ROWS.items():
+            if args.device != "cuda" and fields.get("optimizer") in CUDA_ONLY:
+                continue
             rows.append({**predict_row(model, batch, seq, fields, args.device), "row": label})
             r = rows[-1]
             print(f"{model:14s} b{batch} s{seq:<5d} {label:60s} {r['peak_gib']:>8} GiB  "

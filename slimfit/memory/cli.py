@@ -315,8 +315,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                                 "moments too, as torch makes them); or bf16-autocast (fp32 weights, bf16 autocast)"))
     parser.add_argument("--lora", type=int, default=None, metavar="R", help="LoRA rank (peft); the base is frozen")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing of every layer")
-    parser.add_argument("--optimizer", choices=["adamw", "adamw8bit"], default="adamw",
-                        help="adamw (torch) or adamw8bit (torchao, when installed)")
+    parser.add_argument("--optimizer", choices=["adamw", "adamw8bit", "adamw8bit-bnb"], default="adamw",
+                        help="adamw (torch), adamw8bit (torchao, when installed) or adamw8bit-bnb (bitsandbytes, "
+                             "not paged; with --device cuda: its fused step)")
     parser.add_argument("--task", choices=[models.TEXT_CLS, models.CAUSAL_LM, models.IMAGE_CLS], default=None,
                         help="override the task the config implies")
     parser.add_argument("--optimizer-state", choices=list(OPTIMIZER_STATES), default=None,

@@ -38,10 +38,12 @@ def _lora_lines(p: Prediction) -> list[str]:
 
 
 def _optimizer_lines(spec: StepSpec) -> list[str]:
-    """AdamW (or torchao's 8-bit) over the parameters that ever train: every one under the scheduler."""
+    """AdamW (or torchao's or bitsandbytes' 8-bit) over the parameters that ever train: every one under the
+    scheduler."""
     params = "model.parameters()" if spec.rate else "[p for p in model.parameters() if p.requires_grad]"
-    lines = ["from torchao.optim import AdamW8bit"] if spec.optimizer == "adamw8bit" else []
-    cls = "AdamW8bit" if spec.optimizer == "adamw8bit" else "torch.optim.AdamW"
+    imports = {"adamw8bit": "from torchao.optim import AdamW8bit", "adamw8bit-bnb": "import bitsandbytes as bnb"}
+    lines = [imports[spec.optimizer]] if spec.optimizer in imports else []
+    cls = {"adamw8bit": "AdamW8bit", "adamw8bit-bnb": "bnb.optim.AdamW8bit"}.get(spec.optimizer, "torch.optim.AdamW")
     if spec.step_in_backward:   # each parameter steps inside backward; optimizer.step() ends the step
         return lines + ["from slimfit.optim import step_in_backward",
                         f"optimizer = step_in_backward({params}, {cls}, lr=2e-5)"]

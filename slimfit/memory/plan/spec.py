@@ -14,7 +14,7 @@ from .. import models
 __all__ = ["StepSpec", "PRESETS", "OPTIMIZERS", "DTYPES", "FROZEN_STATES", "OPTIMIZER_STATES"]
 
 PRESETS = ("none", "exact", "paper", "aggressive", "wta_crs")   # none: plain PyTorch; the rest SlimFitConfig's
-OPTIMIZERS = ("adamw", "adamw8bit")
+OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit-bnb")
 DTYPES = ("fp32", "bf16", "fp16", "bf16-autocast")   # weights in fp32/bf16/fp16; or fp32 weights under bf16 autocast
 FROZEN_STATES = ("auto", None, "compress", "offload", "compress_all")   # optimizer_state's older names
 _NO_FROZEN_STATE = "<frozen_state not given>"
@@ -29,7 +29,9 @@ class StepSpec:
     dtype          the weights' dtype: fp32, bf16 or fp16 (the model held in it, as from_pretrained(torch_dtype=...)
                    loads it; AdamW's moments in the weights' dtype, as torch makes them); or bf16-autocast (fp32
                    weights, the forward under torch.autocast in bf16)
-    optimizer      adamw (torch.optim.AdamW) or adamw8bit (torchao's AdamW8bit, when installed)
+    optimizer      adamw (torch.optim.AdamW), adamw8bit (torchao's AdamW8bit, when installed) or adamw8bit-bnb
+                   (bitsandbytes' AdamW8bit, not paged: planned for device cuda, its fused step allocating
+                   nothing; optim8bit.FakeBnbAdamW8bit)
     preset         none (plain PyTorch) or a SlimFitConfig preset applied with slimfit.patch (PRESETS)
     rate           ILSScheduler's freeze rate (0: no scheduler, every weight trains)
     lora           LoRA rank (peft; its default target modules for the family), None: full fine-tuning

@@ -80,6 +80,11 @@ def check_spec(spec: StepSpec, ref: ModelRef, fake: bool = False) -> None:
         raise ValueError(f"{ref.name} is a text model: image_size applies to vision models")
     if spec.chunked_loss and ref.task != CAUSAL_LM:
         raise ValueError(f"chunked_loss chunks a causal LM's loss; {ref.name} is a {ref.task} model")
+    if spec.optimizer == "adamw8bit-bnb" and spec.device != "cuda":
+        raise ValueError("optimizer adamw8bit-bnb is planned for device cuda only: bitsandbytes' CUDA step is one "
+                         "fused kernel that allocates nothing, but its CPU step decodes each parameter's moments in "
+                         "full and works on fp32 copies of the parameter and its gradient, which the plan does not "
+                         "model; give device cuda, or optimizer adamw8bit (torchao's) for a CPU plan")
     if spec.optimizer == "adamw8bit" and not fake:
         from .optim8bit import available
 
@@ -152,7 +157,8 @@ def _build(spec: StepSpec, ref: ModelRef, fake=None, mesh=None):
 
 def _optimizer(spec: StepSpec, model, fake: bool = False):
     """AdamW (lr 0) over the parameters that ever train, state made beforehand (8-bit: torchao's, or its
-    stand-in in a fake run, optim8bit.py); one per parameter, stepped inside backward, with step_in_backward."""
+    stand-in in a fake run; bitsandbytes' or its stand-in, optim8bit.py); one per parameter, stepped inside
+    backward, with step_in_backward."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -160,6 +166,10 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
         from .optim8bit import FakeAdamW8bit, optimizer_class
 
         cls, options = (FakeAdamW8bit if fake else optimizer_class()), {"lr": 0.0}
+    elif spec.optimizer == "adamw8bit-bnb":   # device cuda only (check_spec)
+        from .optim8bit import FakeBnbAdamW8bit, bnb_optimizer_class
+
+        cls, options = (FakeBnbAdamW8bit if fake else bnb_optimizer_class()), {"lr": 0.0}
     else:
         cls, options = torch.optim.AdamW, {"lr": 0.0, "foreach": spec.device == "cuda"}
     if spec.step_in_backward:
