@@ -87,7 +87,7 @@ def test_priming_makes_the_state_of_layers_the_scheduler_froze():
     arch = archs.resolve("bert-tiny")
     model = archs.build(arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    scheduler = ILSScheduler(model, freeze_rate=0.7, seed=0)
+    scheduler = ILSScheduler(model, freeze_rate=0.7, seed=0, warmup_steps=0)
     scheduler.attach_optimizer(optimizer)
     assert scheduler.num_frozen > 0
     archs.prime_optimizer(optimizer)

@@ -83,7 +83,7 @@ def test_frozen_set_of_other_scheduled_kinds():
     _, default_candidates = _measure.frozen_set(model, 0.5, seed=1)
     assert set(default_candidates) < set(candidates) and any("LayerNorm" in n for n in candidates)
     assert all(p.requires_grad for p in model.parameters())
-    ILSScheduler(model, freeze_rate=0.5, seed=1, scheduled_kinds="all").apply()
+    ILSScheduler(model, freeze_rate=0.5, seed=1, scheduled_kinds="all", warmup_steps=0).apply()
     assert sorted(frozen) == sorted(n for n, p in model.named_parameters() if not p.requires_grad)
 
 

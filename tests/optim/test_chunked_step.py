@@ -167,7 +167,7 @@ def test_a_frozen_state_attached_after_it_runs_first():
     def run(chunked):
         model = build(seed=0, depth=3)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        sched = ILSScheduler(model, freeze_rate=0.5, seed=0, frozen_state=None, update_scale="none",
+        sched = ILSScheduler(model, freeze_rate=0.5, seed=0, frozen_state=None, update_scale="none", warmup_steps=0,
                              step_chunk_numel=(1 << 15) if chunked else None)   # (a stretch rounds apart)
         sched.attach_optimizer(opt)
         attach_frozen_state(sched, opt, mode="compress")

@@ -323,7 +323,7 @@ def _entries_are_the_calls_encodings(model, opt, ref, ref_opt, holder):
 def test_frozen_layers_hold_dynamic_entries_and_bytes_are_counted(bits):
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, warmup_steps=0)
     holder = attach_frozen_state(sched, opt, mode="compress", code="dynamic", bits=bits)
     train(model, opt, data(), 4, sched=sched)
     held = frozen_params(sched)

@@ -13,7 +13,7 @@ from slimfit.scheduler import ILSScheduler
 def _setup(mode="compress", rate=0.5, seed=0, **sched_options):
     model = build(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=None, **sched_options)
+    sched = ILSScheduler(model, freeze_rate=rate, optimizer=opt, frozen_state=None, warmup_steps=0, **sched_options)
     frozen_state = attach_frozen_state(sched, opt, mode=mode, seed=seed, code="linear")   # the bounds below: linear
     return model, opt, sched, frozen_state
 
@@ -56,7 +56,7 @@ def test_restored_state_within_the_stated_bounds():
     restored state is within codec.py's bounds of it (nothing stepped it in between)."""
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, warmup_steps=0)
     before, checked = {}, []
 
     def record(frozen, trained):
@@ -94,7 +94,7 @@ def test_offload_is_lossless_and_frees_the_device_tensors():
     ref_model = build(0)
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, weight_decay=0.1)
     train(ref_model, ref_opt, batch, 8, sched=ILSScheduler(ref_model, freeze_rate=0.5, optimizer=ref_opt,
-                                                           frozen_state=None))
+                                                           frozen_state=None, warmup_steps=0))
     model, opt, sched, frozen_state = _setup("offload")
     train(model, opt, batch, 2, sched=sched)
     p = frozen_params(sched)[0]
@@ -218,7 +218,7 @@ def test_eight_bit_optimizer_state_is_left_alone_by_compress_and_moved_by_offloa
     for mode in (None, "compress", "offload"):
         model = build(0)
         opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-2, min_8bit_size=1024)
-        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, warmup_steps=0)
         held = attach_frozen_state(sched, opt, mode=mode) if mode else None
         train(model, opt, batch, 6, sched=sched)
         if mode == "compress":   # every scheduled matrix is over min_8bit_size: nothing left to compress
@@ -236,7 +236,7 @@ def test_zero_filled_gradients_of_frozen_layers_cost_no_round_trip():
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     frozen_state = FrozenState(opt)                       # its step pre-hook runs before the guard's
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, warmup_steps=0)
     frozen_state.attach(sched)
     batch = data()
     for _ in range(6):

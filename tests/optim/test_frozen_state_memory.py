@@ -14,7 +14,7 @@ def _measured(mode):
     sets with and without compressed state (which changes the weights' path, hence the scores)."""
     model = build(0, d=256, depth=4)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=None, warmup_steps=0)
     frozen_state = attach_frozen_state(sched, opt, mode=mode, code="linear") if mode else None
     batch = data()
     train(model, opt, batch, 4, sched=sched)

@@ -13,7 +13,8 @@ from slimfit.scheduler import ILSScheduler, SchedulerConfig
 def _run(optimizer_state, steps=5, record=None):
     model = build(0)
     opt = step_in_backward(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.01)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, optimizer_state=optimizer_state, seed=3)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, optimizer_state=optimizer_state, seed=3,
+                         warmup_steps=0)
     for _ in range(steps):
         train(model, opt, data(), 1, sched=sched)
         if record is not None:

@@ -29,7 +29,7 @@ def _run(frozen_state="auto", opt_class=torch.optim.AdamW, seed=0, steps=3, **op
     """A model trained ``steps`` steps under the scheduler's defaults (rate 0.5 on the toy MLP)."""
     model = build(seed)
     opt = opt_class(model.parameters(), lr=1e-2, **opt_kw)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state, warmup_steps=0)
     train(model, opt, data(), steps, sched=sched)
     return model, opt, sched
 

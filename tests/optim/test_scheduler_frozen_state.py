@@ -16,7 +16,7 @@ def _held(opt, p, suffix):
 def test_frozen_state_option_holds_the_frozen_layers_state(mode, suffix):
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=mode)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state=mode, warmup_steps=0)
     for _ in range(4):
         train(model, opt, data(), 1, sched=sched)
         for p in sched.params:
@@ -30,7 +30,7 @@ def test_frozen_state_option_holds_the_frozen_layers_state(mode, suffix):
 def test_attaching_again_replaces_the_holder():
     model = build(0)
     first, second = (torch.optim.AdamW(model.parameters(), lr=1e-2) for _ in range(2))
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=first, frozen_state="compress")
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=first, frozen_state="compress", warmup_steps=0)
     train(model, first, data(), 2, sched=sched)
     assert any(_held(first, p, Q8) for p in sched.params)
     sched.attach_optimizer(second)
@@ -59,7 +59,7 @@ def test_auto_compresses_every_state_unless_momentum_reads_it():
                           ({"frozen_state": "compress"}, "frozen")):
         model = build(0)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, **options)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, warmup_steps=0, **options)
         train(model, opt, data(), 3, sched=sched)
         got = [_held(opt, p, Q8) for p in sched.params]
         trained = [p.requires_grad for p in sched.params]
@@ -68,7 +68,7 @@ def test_auto_compresses_every_state_unless_momentum_reads_it():
         assert got == expected, options
     model = build(0)
     opt = torch.optim.NAdam(model.parameters(), lr=1e-2)   # no chunked step: the frozen layers'
-    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt)
+    sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, warmup_steps=0)
     train(model, opt, data(), 3, sched=sched)
     assert not sched._frozen_state.between_steps
     assert [_held(opt, p, Q8) for p in sched.params] == [not p.requires_grad for p in sched.params]
@@ -101,7 +101,7 @@ def test_resumed_run_rounds_as_the_uninterrupted_one():
     def setup(init_seed):
         model = build(init_seed)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        return model, opt, ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state="compress")
+        return model, opt, ILSScheduler(model, freeze_rate=0.5, optimizer=opt, frozen_state="compress", warmup_steps=0)
 
     model, opt, sched = setup(0)
     train(model, opt, data(), 8, sched=sched)

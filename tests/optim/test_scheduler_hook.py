@@ -13,7 +13,7 @@ def _ids(params):
 def test_hook_sees_every_applied_frozen_set():
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, freeze_rate=0.5)        # no optimizer: the set applies at the first forward
+    sched = ILSScheduler(model, freeze_rate=0.5, warmup_steps=0)   # no optimizer: the set applies at the first forward
     calls = []
     handle = sched.register_frozen_set_hook(lambda frozen, trained: calls.append((_ids(frozen), _ids(trained))))
     assert calls == []                                   # nothing applied yet

@@ -14,7 +14,7 @@ def _entries(state_code, frozen_state="compress_all", steps=3):
     model = build(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state,
-                         state_code=state_code)
+                         state_code=state_code, warmup_steps=0)
     for s in range(steps):
         loss_of(model, data(seed=s)).backward()
         opt.step()

@@ -257,7 +257,7 @@ def test_scheduler_composes():
     from slimfit.scheduler import ILSScheduler
 
     model, _, inputs = _patched()
-    sched = ILSScheduler(model, freeze_rate=0.5)
+    sched = ILSScheduler(model, freeze_rate=0.5, warmup_steps=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched.attach_optimizer(opt)
     model.train()

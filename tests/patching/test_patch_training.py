@@ -17,7 +17,7 @@ from .tiny_models import build  # noqa: E402
 def _train(model, inputs, steps=20, scheduler_rate=None, lr=3e-3):
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = ILSScheduler(model, freeze_rate=scheduler_rate) if scheduler_rate is not None else None
+    sched = ILSScheduler(model, freeze_rate=scheduler_rate, warmup_steps=0) if scheduler_rate is not None else None
     if sched is not None:
         sched.attach_optimizer(opt)
     model.train()

@@ -59,7 +59,7 @@ def test_model_without_candidates():
 
 def test_single_layer_always_trains():
     m = nn.Linear(2, 2)
-    s = ILSScheduler(m, 0.99)
+    s = ILSScheduler(m, 0.99, warmup_steps=0)
     s.apply()
     assert s.num_frozen == 0 and m.weight.requires_grad
 
@@ -87,7 +87,7 @@ def test_state_of_another_model_is_refused():
 def test_nan_weights_keep_training_instead_of_freezing_silently():
     m = _mlp()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    s = ILSScheduler(m, 0.5, optimizer=opt, min_train_share=0.0)   # the scores alone choose
+    s = ILSScheduler(m, 0.5, optimizer=opt, min_train_share=0.0, warmup_steps=0)   # the scores alone choose
     for _ in range(4):                                # every layer gets a real score
         m(torch.randn(3, 4)).sum().backward()
         opt.step()

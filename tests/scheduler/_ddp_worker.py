@@ -25,7 +25,7 @@ def _body(rank, world, outdir, steps):
     ddp = DDP(model, find_unused_parameters=True)   # DDP first, then the scheduler
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.1)
     # rank 0's seed wins, for the schedule and for the frozen state's rounding (replicas stay equal)
-    sched = ILSScheduler(ddp, freeze_rate=0.6, optimizer=opt, seed=rank, frozen_state="compress")
+    sched = ILSScheduler(ddp, freeze_rate=0.6, optimizer=opt, seed=rank, frozen_state="compress", warmup_steps=0)
     cand = dict(zip(sched.names, sched.params))
     log, in_sync, frozen_still = [], True, True
     for step in range(steps):

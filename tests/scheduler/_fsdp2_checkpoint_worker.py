@@ -30,7 +30,7 @@ def _setup():
     torch.manual_seed(0)
     model = _sharded(MLP())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    return model, opt, ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0)
+    return model, opt, ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0, warmup_steps=0)
 
 
 def _moments(model, opt) -> dict:

@@ -101,12 +101,12 @@ def _body(rank, world, steps):
         model = _sharded(copy.deepcopy(base))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0, update_scale="none",
-                             optimizer_state=state)
+                             optimizer_state=state, warmup_steps=0)
         log, losses = _train(model, opt, sched, x[half], y[half], steps)
         one = copy.deepcopy(base)
         opt_one = torch.optim.AdamW(one.parameters(), lr=1e-2, weight_decay=0.1)
         sched_one = ILSScheduler(one, freeze_rate=0.6, optimizer=opt_one, seed=0, update_scale="none",
-                                 optimizer_state=state, distributed=False)
+                                 optimizer_state=state, distributed=False, warmup_steps=0)
         log_one, losses_one = _train(one, opt_one, sched_one, x, y, steps)
         held = {n: {k: tuple(v["shape"]) for k, v in opt.state[p].items() if k.endswith(Q8)}
                 for n, p in model.named_parameters() if p in opt.state}

@@ -36,7 +36,7 @@ def _body(rank, outdir, steps):
     # step_chunk_numel=None: torch's own step, so the layers are scored against snapshot shards (the path of an
     # optimizer the chunked step does not take; the chunked step's in-step sums: test_fsdp2_optimizer_side.py)
     sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=rank, update_scale="none",   # rank 0's seed
-                         step_chunk_numel=None)
+                         step_chunk_numel=None, warmup_steps=0)
     x, y = regression_data(seed=rank)               # each rank its own data
     log, frozen_still, score_errors = [], True, []
     for _ in range(steps):

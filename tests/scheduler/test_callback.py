@@ -85,7 +85,7 @@ def test_trainer_callback_steps_freezes_and_resumes(tmp_path):
                 if n in self.before:
                     assert torch.equal(p, self.before[n]), n
 
-    ils = SlimFitCallback(freeze_rate=0.8)
+    ils = SlimFitCallback(freeze_rate=0.8, warmup_steps=0)
     check = Check(ils)
     trainer = _trainer(tmp_path, [check, ils])
     trainer.train()
@@ -97,7 +97,7 @@ def test_trainer_callback_steps_freezes_and_resumes(tmp_path):
     assert os.path.isfile(tmp_path / "checkpoint-2" / STATE_FILE)
 
     # resume from step 2: the scheduler state comes back and steps 3-4 freeze the same layers
-    ils2 = SlimFitCallback(freeze_rate=0.8)
+    ils2 = SlimFitCallback(freeze_rate=0.8, warmup_steps=0)
     check2 = Check(ils2)
     trainer2 = _trainer(tmp_path, [check2, ils2])
     trainer2.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))

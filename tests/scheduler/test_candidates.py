@@ -99,7 +99,7 @@ def test_state_from_another_model_is_rejected():
 def test_always_train_keeps_the_head_out_of_scheduling():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    sched = ILSScheduler(model, freeze_rate=0.9, always_train=["4"])
+    sched = ILSScheduler(model, freeze_rate=0.9, always_train=["4"], warmup_steps=0)
     assert sched.names == ["0.weight", "2.weight"]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched.attach_optimizer(opt)

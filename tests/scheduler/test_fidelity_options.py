@@ -22,7 +22,7 @@ def test_momentum_moves_a_frozen_layer_exactly_as_adamw_with_a_zero_gradient(for
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=foreach)
-    sched = ILSScheduler(model, 0.6, optimizer=opt, frozen_update="momentum")
+    sched = ILSScheduler(model, 0.6, optimizer=opt, frozen_update="momentum", warmup_steps=0)
     seen_moves = 0
     for _ in range(8):
         frozen = [p for n, p in zip(sched.names, sched.params) if not p.requires_grad]
@@ -52,7 +52,7 @@ def test_default_frozen_layers_do_not_move():
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = ILSScheduler(model, 0.6, optimizer=opt)
+    sched = ILSScheduler(model, 0.6, optimizer=opt, warmup_steps=0)
     for _ in range(6):
         frozen = {id(p): p.detach().clone() for p in sched.params if not p.requires_grad}
         _step(model, x, y, opt, sched)
@@ -66,7 +66,7 @@ def test_momentum_with_a_fused_or_other_optimizer_uses_private_zero_grads():
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.1)
-    sched = ILSScheduler(model, 0.6, optimizer=opt, frozen_update="momentum")
+    sched = ILSScheduler(model, 0.6, optimizer=opt, frozen_update="momentum", warmup_steps=0)
     for _ in range(6):
         _step(model, x, y, opt, sched)
     assert sched._guard.momentum_updates > 0
@@ -78,7 +78,7 @@ def test_release_state_after_drops_moments_of_long_frozen_layers():
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.6, optimizer=opt, release_state_after=2,
+    sched = ILSScheduler(model, 0.6, optimizer=opt, release_state_after=2, warmup_steps=0,
                          min_train_share=0.0)   # the scores alone: some layers stay frozen long
     for _ in range(10):
         _step(model, x, y, opt, sched)
@@ -118,7 +118,7 @@ def _train_counts(rate, min_share, layers=10, steps=40):
     and the scheduler (built with `min_share`) after the last step."""
     bank = nn.Module()
     bank.w = nn.ParameterList([nn.Parameter(torch.ones(2, 2)) for _ in range(layers)])
-    sched = ILSScheduler(bank, rate, min_train_share=min_share)
+    sched = ILSScheduler(bank, rate, min_train_share=min_share, warmup_steps=0)
     sched.apply()
     trained = torch.zeros(layers)
     for _ in range(steps):
@@ -167,7 +167,7 @@ def test_option_errors():
 
 def test_task_head_stays_out_of_scheduling():
     model = tiny_bert()
-    sched = ILSScheduler(model, 0.9, always_train="task_head")
+    sched = ILSScheduler(model, 0.9, always_train="task_head", warmup_steps=0)
     assert not any(n.startswith("classifier") for n in sched.names)
     model(**bert_batch())
     assert model.classifier.weight.requires_grad
@@ -179,11 +179,11 @@ def test_state_dict_round_trip_keeps_train_counts():
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=0.2)
+    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=0.2, warmup_steps=0)
     for _ in range(5):
         _step(model, x, y, opt, sched)
     state = sched.state_dict()
     sched.close()   # a new scheduler schedules the layers that require grad when it is built
-    other = ILSScheduler(model, 0.6, min_train_share=0.2)
+    other = ILSScheduler(model, 0.6, min_train_share=0.2, warmup_steps=0)
     other.load_state_dict(state)
     assert torch.equal(other._train_count, sched._train_count)

@@ -38,7 +38,7 @@ def _run(chunk, in_backward=False, score="relative", steps=STEPS, opt_kwargs=Non
     # update_scale="none" by default here: the stretch rounds otherwise inside the step than after it (tested
     # below, to a few ulps)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=frozen_state, score=score,
-                         step_chunk_numel=chunk, update_scale=update_scale)
+                         step_chunk_numel=chunk, update_scale=update_scale, warmup_steps=0)
     history, snaps = [], []
     for step in range(steps):
         x, y = regression_data(seed=step % 3)
@@ -128,7 +128,7 @@ def test_mid_step_checkpoint_carries_the_sums_and_bad_sums_are_refused():
     model = Wide()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
-                         step_chunk_numel=BLOCK_NUMEL, update_scale="none")   # as _run
+                         step_chunk_numel=BLOCK_NUMEL, update_scale="none", warmup_steps=0)   # as _run
     for step in range(4):
         x, y = regression_data(seed=step % 3)
         nn.functional.mse_loss(model(x), y).backward()
@@ -200,7 +200,7 @@ def test_a_step_with_a_closure_is_torch_s_and_scored_against_snapshots():
         model = Wide()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
-                             step_chunk_numel=chunk)
+                             step_chunk_numel=chunk, warmup_steps=0)
         history = []
         for step in range(4):
             x, y = regression_data(seed=step % 3)

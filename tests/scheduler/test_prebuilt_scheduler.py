@@ -31,7 +31,7 @@ def test_optimizer_built_after_the_scheduler_from_requires_grad_holds_every_laye
     model = tiny_bert()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     n_matrices = sum(p.dim() == 2 for p in model.parameters())
-    sched = ILSScheduler(model, 0.9)
+    sched = ILSScheduler(model, 0.9, warmup_steps=0)
     # Nothing is frozen until training starts ...
     assert all(p.requires_grad for p in model.parameters())
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
@@ -45,7 +45,7 @@ def test_optimizer_built_after_the_scheduler_from_requires_grad_holds_every_laye
 
 def test_first_forward_applies_the_frozen_set():
     model = tiny_bert()
-    sched = ILSScheduler(model, 0.9)
+    sched = ILSScheduler(model, 0.9, warmup_steps=0)
     frozen = set(sched.frozen_names())
     model(**bert_batch())
     params = dict(model.named_parameters())
@@ -61,7 +61,7 @@ def test_attach_optimizer_of_another_model_is_refused():
 
 def test_attach_optimizer_missing_some_layers_warns():
     model = tiny_bert()
-    sched = ILSScheduler(model, 0.5)
+    sched = ILSScheduler(model, 0.5, warmup_steps=0)
     sched.apply()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     with pytest.warns(UserWarning, match="never train"):
@@ -103,7 +103,7 @@ def test_trainer_with_prebuilt_scheduler_trains_every_layer(tmp_path):
     model = tiny_bert()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     n_matrices = sum(p.dim() == 2 for p in model.parameters())
-    cb = SlimFitCallback(scheduler=ILSScheduler(model, 0.9))
+    cb = SlimFitCallback(scheduler=ILSScheduler(model, 0.9, warmup_steps=0))
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=16, per_device_train_batch_size=8,
                              learning_rate=1e-2, use_cpu=True, report_to=[], save_strategy="no",
                              logging_steps=4, disable_tqdm=True, seed=0, dataloader_num_workers=0)
@@ -125,7 +125,7 @@ def test_trainer_callback_with_config_patches_and_schedules(tmp_path):
     from slimfit.scheduler import SlimFitCallback
 
     model = tiny_bert()
-    cb = SlimFitCallback(config=slimfit.SlimFitConfig.paper(), freeze_rate=0.8)
+    cb = SlimFitCallback(config=slimfit.SlimFitConfig.paper(), freeze_rate=0.8, warmup_steps=0)
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8,
                              learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
                              disable_tqdm=True, seed=0, dataloader_num_workers=0)
@@ -140,14 +140,14 @@ def test_a_dropped_scheduler_freezes_nothing_later_and_the_model_pickles():
     import pickle
 
     model = tiny_bert()
-    sched = ILSScheduler(model, 0.9)
+    sched = ILSScheduler(model, 0.9, warmup_steps=0)
     assert sched.num_frozen > 0
     del sched
     gc.collect()
     model(**bert_batch())
     assert all(p.requires_grad for p in model.parameters())
 
-    kept = ILSScheduler(model, 0.9)
+    kept = ILSScheduler(model, 0.9, warmup_steps=0)
     clone = pickle.loads(pickle.dumps(model))       # the pending hook pickles as a no-op
     clone(**bert_batch())
     assert all(p.requires_grad for p in clone.parameters())

@@ -200,13 +200,13 @@ def test_a_scheduler_dropped_without_close_is_cleaned_up_by_the_next_with_warnin
 
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    dropped = ILSScheduler(model, 0.5, optimizer=opt)
+    dropped = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0)
     _train_one_step(model, opt, dropped)
     left = dropped.frozen_names()
     del dropped
     gc.collect()
     with pytest.warns(UserWarning, match="dropped without close") as caught:
-        sched = ILSScheduler(model, 0.5, optimizer=opt)
+        sched = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0)
     texts = " ".join(str(w.message) for w in caught)
     assert f"{len(left)} parameters ({left[0]}" in texts and "chunked step and held optimizer state" in texts
     for _ in range(2):

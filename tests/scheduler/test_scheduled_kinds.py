@@ -53,7 +53,7 @@ def test_unscheduled_kinds_train_every_step():
     model = tiny_bert()
     kinds = _kinds(model)    # before the scheduler freezes anything (frozen parameters are no candidates)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.7, optimizer=opt, scheduled_kinds="matmul", always_train=())
+    sched = ILSScheduler(model, 0.7, optimizer=opt, scheduled_kinds="matmul", always_train=(), warmup_steps=0)
     assert set(sched.names) == {n for n, k in kinds.items() if k == "matmul"}
     assert sched.state_dict()["config"]["scheduled_kinds"] == ["matmul"]
     params = dict(model.named_parameters())

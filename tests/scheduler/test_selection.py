@@ -33,7 +33,7 @@ def move(bank, sched, rel):
 @pytest.mark.parametrize("rate", [0.0, 0.25, 0.5, 0.8, 0.9, 0.95])
 def test_exact_counts(L, rate):
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=rate)
+    s = ILSScheduler(bank, freeze_rate=rate, warmup_steps=0)
     expect = min(math.floor(rate * L + 0.5), L - 1)
     # The decision is made at construction, applied when training starts (here: by hand).
     assert all(p.requires_grad for p in bank.w)
@@ -60,7 +60,7 @@ def test_num_frozen_rounding_and_errors():
 def test_round_robin_start_covers_all_layers():
     L, rate = 20, 0.9   # 2 layers train per step: 10 steps to see every layer once
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=rate, seed=3)
+    s = ILSScheduler(bank, freeze_rate=rate, seed=3, warmup_steps=0)
     trained_sets = []
     for _ in range(10):
         trained_sets.append(tuple(s.trained_names()))
@@ -71,7 +71,7 @@ def test_round_robin_start_covers_all_layers():
     # the order is seeded: same seed, same order; another seed, another order
     def order(seed):
         b = Bank(L)
-        s = ILSScheduler(b, freeze_rate=rate, seed=seed)
+        s = ILSScheduler(b, freeze_rate=rate, seed=seed, warmup_steps=0)
         out = []
         for _ in range(10):
             out.append(tuple(s.trained_names()))
@@ -86,7 +86,7 @@ def test_round_robin_start_covers_all_layers():
 def test_lowest_scores_frozen_and_stale_scores_kept():
     L = 10
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=0.5)
+    s = ILSScheduler(bank, freeze_rate=0.5, warmup_steps=0)
     rel = [0.001 * (i + 1) for i in range(L)]    # layer i moves by (i+1)e-3
     for _ in range(2):                            # round robin: 5 + 5 layers
         move(bank, s, rel)
@@ -136,7 +136,7 @@ def test_choose_trained_budget_and_soft_constraints():
 def test_min_trained_and_frozen_steps():
     L = 10
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=0.8, min_trained_steps=3, min_train_share=0.0)
+    s = ILSScheduler(bank, freeze_rate=0.8, min_trained_steps=3, min_train_share=0.0, warmup_steps=0)
     first = s.trained_names()
     for _ in range(2):
         move(bank, s, [1e-3] * L)
@@ -147,7 +147,7 @@ def test_min_trained_and_frozen_steps():
     assert set(s.trained_names()).isdisjoint(first)
 
     bank = Bank(L)
-    s = ILSScheduler(bank, freeze_rate=0.5, min_frozen_steps=3, min_train_share=0.0)
+    s = ILSScheduler(bank, freeze_rate=0.5, min_frozen_steps=3, min_train_share=0.0, warmup_steps=0)
     rel = [0.001 * (i + 1) for i in range(L)]
     for _ in range(2):                           # round robin 5 + 5
         move(bank, s, rel)

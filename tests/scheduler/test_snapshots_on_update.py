@@ -29,7 +29,7 @@ def _run(attach: bool, in_backward: bool = False, steps: int = STEPS):
     # frozen_state=None: the default holds a frozen layer's AdamW state 8-bit, which only an attached
     # optimizer gets (its trajectory would differ for that reason alone)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt if attach else None, seed=0, frozen_state=None,
-                         step_chunk_numel=None)
+                         step_chunk_numel=None, warmup_steps=0)
     history, alive = [], []
     for step in range(steps):
         loss = _loss(model, step)
@@ -101,7 +101,7 @@ def test_the_step_peak_no_longer_holds_the_snapshots():
         model = MLP()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt if attach else None, seed=0,
-                             frozen_state=None, step_chunk_numel=None)
+                             frozen_state=None, step_chunk_numel=None, warmup_steps=0)
         for step in range(2):
             _loss(model, step).backward()
             opt.step()
@@ -122,7 +122,7 @@ def test_detaching_the_optimizer_goes_back_to_snapshots_at_every_step():
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state=None,
-                         step_chunk_numel=None)
+                         step_chunk_numel=None, warmup_steps=0)
     _loss(model, 0).backward()
     opt.step()
     sched.step()                      # snapshots dropped

@@ -13,7 +13,7 @@ def _mlp_setup(rate=0.6, seed=0, **kw):
     torch.manual_seed(seed)
     m = MLP()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
-    s = ILSScheduler(m, freeze_rate=rate, optimizer=opt, **kw)
+    s = ILSScheduler(m, freeze_rate=rate, optimizer=opt, warmup_steps=0, **kw)
     return m, opt, s
 
 
@@ -63,7 +63,7 @@ def test_zero_grads_would_leak_without_the_guard():
     torch.manual_seed(0)
     m = MLP()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
-    s = ILSScheduler(m, freeze_rate=0.6)             # no optimizer attached
+    s = ILSScheduler(m, freeze_rate=0.6, warmup_steps=0)   # no optimizer attached
     name = s.frozen_names()[0]
     p = dict(m.named_parameters())[name]
     p.grad = torch.zeros_like(p)
@@ -80,7 +80,7 @@ def test_zero_grads_would_leak_without_the_guard():
 def test_tiny_bert_trains_with_frozen_layers():
     m = tiny_bert()
     opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
-    s = ILSScheduler(m, freeze_rate=0.8, optimizer=opt)
+    s = ILSScheduler(m, freeze_rate=0.8, optimizer=opt, warmup_steps=0)
     assert s.num_layers == 13 and s.num_frozen == 10   # 22 candidates; embeddings, norms and the head train every step
     batch = bert_batch()
     losses = _train_and_check(m, opt, s, lambda mm, i: mm(**batch).loss, 12, "zeros")
@@ -228,7 +228,7 @@ def test_memory_aware_and_budget():
     m = MLP()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
     s = ILSScheduler(m, freeze_rate=0.6, memory_aware=True, activation_bytes=est, optimizer=opt,
-                     scheduled_kinds="all")
+                     scheduled_kinds="all", warmup_steps=0)
     for step in range(6):
         _mlp_loss(m, step).backward()
         opt.step()

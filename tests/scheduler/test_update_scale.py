@@ -23,7 +23,7 @@ def test_each_update_is_stretched_by_steps_over_train_count(share, scale):
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)      # update = -lr * grad: easy to replay
     sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share=share, update_scale=scale,
-                         scheduled_kinds="all")
+                         scheduled_kinds="all", warmup_steps=0)
     cap = 5 / 2                                           # 5 layers (norms included), 2 train each step
     seen_factors = set()
     for step in range(12):
@@ -48,7 +48,7 @@ def test_scores_are_those_of_the_unscaled_update():
     model = MLP()
     x, y = regression_data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share="even", update_scale="share")
+    sched = ILSScheduler(model, 0.6, optimizer=opt, min_train_share="even", update_scale="share", warmup_steps=0)
     for _ in range(6):
         trained = [(n, p) for n, p in zip(sched.names, sched.params) if p.requires_grad]
         before = {n: p.detach().clone() for n, p in trained}
