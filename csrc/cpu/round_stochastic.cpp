@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "../rng.h"
+#include "round_bits.h"
 #include "uniform_span.h"
 
 namespace slimfit {
@@ -23,42 +24,6 @@ namespace {
 
 constexpr int64_t kGrainElements = 32768;
 constexpr int64_t kChunk = 256;
-
-inline uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof(b));
-  return b;
-}
-
-inline bool finite_bits(uint32_t b) { return (b & 0x7F800000u) != 0x7F800000u; }
-
-inline uint16_t bf16_of(float x, uint32_t word) {
-  const uint32_t b = bits_of(x);
-  const c10::BFloat16 near(x);  // round to nearest even, NaN -> 0x7FC0 (as torch's cast)
-  if (!finite_bits(b) || (near.x & 0x7F80u) == 0x7F80u) return near.x;
-  const uint32_t trunc = b & 0xFFFF0000u;
-  const uint32_t up = (word & 0xFFFFu) < (b & 0xFFFFu) ? trunc + 0x10000u : trunc;
-  return static_cast<uint16_t>(up >> 16);
-}
-
-// torch.nextafter(h, +inf) (up) or (h, -inf) for a finite fp16 h, on its bits.
-inline uint16_t half_next(uint16_t h, bool up) {
-  if ((h & 0x7FFFu) == 0) return up ? 0x0001u : 0x8001u;
-  const bool negative = (h & 0x8000u) != 0;
-  return static_cast<uint16_t>(up != negative ? h + 1 : h - 1);
-}
-
-inline float half_value(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
-
-inline uint16_t fp16_of(float x, float u) {
-  const c10::Half near(x);  // round to nearest even
-  if (!finite_bits(bits_of(x)) || (near.x & 0x7C00u) == 0x7C00u) return near.x;
-  const float nf = static_cast<float>(near);
-  const float other = half_value(half_next(near.x, nf < x));
-  const float lo = std::min(nf, other), hi = std::max(nf, other);
-  const float p = (x - lo) / (hi - lo);
-  return c10::Half(u < p ? hi : lo).x;  // an fp16 value: the cast is exact
-}
 
 template <bool BF16>
 void round_impl(const float* x, int64_t n, rng::SeedKeys keys, uint16_t* y) {
@@ -71,10 +36,10 @@ void round_impl(const float* x, int64_t n, rng::SeedKeys keys, uint16_t* y) {
         const uint32_t lo = lo0 + static_cast<uint32_t>(c0 - i0);
         if constexpr (BF16) {
           cpu::word_span(lo, keys.k0, hk1, len, w);
-          for (int64_t j = 0; j < len; ++j) y[c0 + j] = bf16_of(x[c0 + j], w[j]);
+          for (int64_t j = 0; j < len; ++j) y[c0 + j] = cpu::bf16_of(x[c0 + j], w[j]);
         } else {
           cpu::uniform_span(lo, keys.k0, hk1, len, u);
-          for (int64_t j = 0; j < len; ++j) y[c0 + j] = fp16_of(x[c0 + j], u[j]);
+          for (int64_t j = 0; j < len; ++j) y[c0 + j] = cpu::fp16_of(x[c0 + j], u[j]);
         }
       }
     });

@@ -35,6 +35,11 @@ SCHEMAS = {
     "dequantize_blockwise": "dequantize_blockwise(Tensor codes, Tensor absmax, Tensor qmap, int block_size, "
                             "SymInt[] shape, ScalarType dtype) -> Tensor",
     "round_stochastic": "round_stochastic(Tensor x, ScalarType dtype, int seed) -> Tensor",
+    "adam_blockwise_": "adam_blockwise_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] m_codes, "
+                       "Tensor(c!)[] m_absmax, Tensor(d!)[] v_codes, Tensor(e!)[] v_absmax, Tensor qmap_m, "
+                       "Tensor qmap_v, float[] step_sizes, float[] decays, float[] bc2_sqrts, float beta1, "
+                       "float beta2, float eps, float weight_decay, bool decoupled, int block_size, "
+                       "bool stochastic, int[] seeds, int[] offsets, bool round_weights) -> ()",
 }
 
 
@@ -89,6 +94,11 @@ def _dequantize_blockwise_fake(codes, absmax, qmap, block_size, shape, dtype):
 @torch.library.register_fake("slimfit::round_stochastic")
 def _round_stochastic_fake(x, dtype, seed):
     return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.register_fake("slimfit::adam_blockwise_")
+def _adam_blockwise_fake(*args):
+    return None   # in place: nothing allocated
 
 
 @torch.library.register_fake("slimfit::topk_prune")

@@ -183,12 +183,13 @@ def _inverse_gaps(q: torch.Tensor) -> torch.Tensor:
     return torch.cat([1.0 / (q[1:] - q[:-1]), q.new_zeros(1)])
 
 
-def _stochastic_codes(y: torch.Tensor, q: torch.Tensor, seed: int) -> torch.Tensor:
-    """The level at or below y, or the one above it with probability y's place between them (docstring)."""
+def _stochastic_codes(y: torch.Tensor, q: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
+    """The level at or below y, or the one above it with probability y's place between them (docstring);
+    element i draws the uniform of index start + i."""
     c = torch.searchsorted(q[1:].contiguous(), y, right=True)            # #{k >= 1 : q[k] <= y}
     c = torch.where(torch.isnan(y), 0, c)
     t = (y - q[c]) * _inverse_gaps(q)[c]
-    u = rng.uniform(seed, y.numel(), y.device)
+    u = rng.uniform(seed, y.numel(), y.device, start)
     return c + (u < t).to(torch.int64)
 
 
@@ -288,27 +289,35 @@ _LOW16 = 0xFFFF
 _TRUNC16 = -0x10000   # int32 mask of the high 16 bits (0xFFFF0000)
 
 
-def _round_bf16(x: torch.Tensor, seed: int) -> torch.Tensor:
+def _round_bf16(x: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
     bits = x.reshape(-1).view(torch.int32)
-    draw = (rng.random_words(seed, bits.numel(), x.device) & _LOW16).to(torch.int32)
+    draw = (rng.random_words(seed, bits.numel(), x.device, start) & _LOW16).to(torch.int32)
     trunc = bits & _TRUNC16
     up = torch.where(draw < (bits & _LOW16), trunc + 0x10000, trunc)
     return up.view(torch.float32).to(torch.bfloat16).view(x.shape)   # low 16 bits zero: the cast is exact
 
 
-def _round_fp16(x: torch.Tensor, seed: int) -> torch.Tensor:
+def _round_fp16(x: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
     near = x.to(torch.float16)
     nf = near.float()
     toward = torch.where(nf < x, torch.inf, -torch.inf).to(torch.float16)
     other = torch.nextafter(near, toward).float()
     lo, hi = torch.minimum(nf, other), torch.maximum(nf, other)
     p_up = (x - lo) / (hi - lo)
-    u = rng.uniform(seed, x.numel(), x.device).view(x.shape)
+    u = rng.uniform(seed, x.numel(), x.device, start).view(x.shape)
     return torch.where(u < p_up, hi, lo).to(torch.float16)
 
 
 def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return round_stochastic_from(x, dtype, seed, 0)
+
+
+def round_stochastic_from(x: torch.Tensor, dtype: torch.dtype, seed: int, start: int) -> torch.Tensor:
+    """round_stochastic with element i drawing index start + i (a piece of a larger tensor)."""
     x = x.contiguous()
     near = x.to(dtype)
-    out = (_round_bf16 if dtype == torch.bfloat16 else _round_fp16)(x, seed)
+    out = (_round_bf16 if dtype == torch.bfloat16 else _round_fp16)(x, seed, start)
     return torch.where(torch.isfinite(near) & torch.isfinite(x), out, near)
+
+
+from .reference_adam import adam_blockwise_  # noqa: E402,F401  (the fused held Adam step; its own file)

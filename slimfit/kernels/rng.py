@@ -50,15 +50,15 @@ def lowbias32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def random_words(seed: int, numel: int, device) -> torch.Tensor:
-    """uint32 words (as int64) for element indices 0..numel-1."""
+def random_words(seed: int, numel: int, device, start: int = 0) -> torch.Tensor:
+    """uint32 words (as int64) for element indices start..start+numel-1."""
     k0, k1 = seed_keys(seed)
-    idx = torch.arange(numel, dtype=torch.int64, device=device)
+    idx = torch.arange(start, start + numel, dtype=torch.int64, device=device)
     lo = idx & MASK32
     hi = idx >> 32
     return lowbias32(lowbias32(lo ^ k0) ^ hi ^ k1)
 
 
-def uniform(seed: int, numel: int, device) -> torch.Tensor:
-    """fp32 uniforms in [0, 1) on a 2**-24 grid, for element indices 0..numel-1."""
-    return (random_words(seed, numel, device) >> 8).to(torch.float32) * INV_2_24
+def uniform(seed: int, numel: int, device, start: int = 0) -> torch.Tensor:
+    """fp32 uniforms in [0, 1) on a 2**-24 grid, for element indices start..start+numel-1."""
+    return (random_words(seed, numel, device, start) >> 8).to(torch.float32) * INV_2_24

@@ -368,10 +368,52 @@ def op_dequantize_blockwise(codes, absmax, qmap, block_size, shape, dtype) -> No
                          f"{absmax.numel()}; {fix}")
 
 
+def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,
+                       bc2_sqrts, beta1, beta2, eps, weight_decay, decoupled, block_size, stochastic, seeds, offsets,
+                       round_weights) -> None:
+    """Every list one entry per piece (seeds three), each piece a contiguous float tensor whose gradient has
+    its size, its moments 8-bit codes (one byte an element) and fp32 block maxima of that size, on one device."""
+    op = "adam_blockwise_"
+    n = len(params)
+    lists = {"grads": grads, "m_codes": m_codes, "m_absmax": m_absmax, "v_codes": v_codes, "v_absmax": v_absmax,
+             "step_sizes": step_sizes, "decays": decays, "bc2_sqrts": bc2_sqrts, "offsets": offsets}
+    for name, items in lists.items():
+        if len(items) != n:
+            raise ValueError(f"slimfit::{op}: {name} has {len(items)} entries for {n} params; pass one per piece")
+    if len(seeds) != 3 * n:
+        raise ValueError(f"slimfit::{op}: seeds has {len(seeds)} entries for {n} params; pass three per piece "
+                         "(first moment, second moment, weight rounding)")
+    _op_block_size(op, block_size)
+    for name, qmap in (("qmap_m", qmap_m), ("qmap_v", qmap_v)):
+        _op_qmap(op, qmap)
+        if qmap.numel() != 256:
+            raise ValueError(f"slimfit::{op}: {name} must have 256 levels (8-bit codes), got {qmap.numel()}")
+    for j in range(n):
+        p, g = params[j], grads[j]
+        _op_float(op, "params", p)
+        _op_float(op, "grads", g)
+        _op_same_device(op, param=p, grad=g, m_codes=m_codes[j], m_absmax=m_absmax[j], v_codes=v_codes[j],
+                        v_absmax=v_absmax[j], qmap_m=qmap_m)
+        if not p.is_contiguous():
+            raise ValueError(f"slimfit::{op}: params[{j}] is not contiguous; pass contiguous pieces (view(-1) slices)")
+        k = p.numel()
+        if g.numel() != k:
+            raise ValueError(f"slimfit::{op}: grads[{j}] has {g.numel()} elements, its param {k}")
+        for name, codes, absmax in (("m", m_codes[j], m_absmax[j]), ("v", v_codes[j], v_absmax[j])):
+            if codes.dtype != torch.uint8 or codes.numel() != k:
+                raise ValueError(f"slimfit::{op}: {name}_codes[{j}] must be uint8 with one code per element ({k}), "
+                                 f"got {codes.dtype} of {codes.numel()}")
+            if absmax.dtype != torch.float32 or absmax.numel() != num_groups(k, block_size):
+                raise ValueError(f"slimfit::{op}: {name}_absmax[{j}] must be float32 with one maximum per block "
+                                 f"({num_groups(k, block_size)}), got {absmax.dtype} of {absmax.numel()}")
+            if not codes.is_contiguous() or not absmax.is_contiguous():
+                raise ValueError(f"slimfit::{op}: {name}_codes[{j}] and {name}_absmax[{j}] must be contiguous")
+
+
 OP_CHECKS = {
     "quantize": op_quantize, "dequantize": op_dequantize, "topk_prune": op_topk_prune,
     "topk_restore": op_topk_restore, "pack_bits": op_pack_bits, "unpack_bits": op_unpack_bits,
     "dropout_mask": op_dropout_mask, "seeded_dropout": op_seeded_dropout,
     "quantize_blockwise": op_quantize_blockwise, "dequantize_blockwise": op_dequantize_blockwise,
-    "round_stochastic": op_round_stochastic,
+    "round_stochastic": op_round_stochastic, "adam_blockwise_": op_adam_blockwise_,
 }

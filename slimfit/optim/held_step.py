@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import codec
+from .fused_held_step import fusable, step_fused
 from .keys import Q8
 from .sharded_params import global_start, local
 from .torch_adam import adam_step, lr_factors, scaled_group
@@ -25,6 +26,9 @@ __all__ = ["held_moments", "step_held", "new_held_state", "new_full_state", "rep
            "step_numbers"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
+# Held parameters in the default code go through one op per call (fused_held_step.py); False: always the
+# decode / torch's Adam / encode round below (what the tests compare the op with).
+FUSED = True
 _MAX = ("max_exp_avg_sq", True)
 
 
@@ -164,6 +168,14 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
     # FSDP2 shards: the rank's pieces stepped, seeded from where they sit in the whole parameter
     pieces_of, grads_of = [local(p) for p in params], [local(p.grad) for p in params]
     starts = [global_start(p) for p in params]
+    if FUSED and fusable(optimizer, group, states, params):
+        batches = _batches(pieces_of, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8)
+        step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batches, watched, observer, holder,
+                   rounding, report_pieces, copies)
+        torch._foreach_add_(steps, 1)
+        for p in params:
+            p.grad = None
+        return
     for factor, batch in _batches(pieces_of, states, lr_factors(observer, params), chunk_numel,
                                   moments[0][0] + Q8):
         pieces = [pieces_of[i].view(-1)[a:b] for i, a, b in batch]

@@ -281,10 +281,10 @@ class BlockSums:
         if not self.host:
             self._add_on_device(old, new)
             return
-        # Under fake tensors (slimfit plan) the first block stands for all: the same temporaries, and a
+        # Under fake tensors (slimfit plan) the first call stands for all: the same temporaries, and a
         # large model's prediction does not walk millions of blocks whose numbers mean nothing there.
-        end = min(old.numel(), BLOCK_NUMEL) if _is_fake(old) else old.numel()
         step = BLOCK_NUMEL * ROWS_PER_CALL
+        end = min(old.numel(), step) if _is_fake(old) else old.numel()
         for a in range(0, end, step):
             self.add_blocks(old[a:min(end, a + step)], new[a:min(end, a + step)])
         self._buf = None   # one call's buffer while the piece is walked, not kept until the scores are read
@@ -311,8 +311,8 @@ class BlockSums:
                 if math.isfinite(blk):
                     self.total += blk
                     self.count += BLOCK_NUMEL
-                else:   # zeros in W_old: redo this block zero-aware
-                    self._zero_aware(o[r], w[r])
+                else:   # zeros in W_old: redo this block zero-aware, in its own row of d
+                    self._zero_aware(o[r], w[r], d[r])
         elif self.kind == "absolute":
             for blk in d.norm(1, dim=1, dtype=torch.float64).tolist():
                 self.total += blk
@@ -337,7 +337,7 @@ class BlockSums:
                 self.total += blk
                 self.count += d.numel()
             else:  # zeros in W_old: redo this block zero-aware
-                self._zero_aware(o, w)
+                self._zero_aware(o, w, d)
         elif kind == "absolute":
             self.total += float(d.norm(1, dtype=torch.float64))
             self.count += d.numel()
@@ -357,14 +357,21 @@ class BlockSums:
             o, w = o.detach().reshape(-1), w.detach().reshape(-1)
             self._zero_aware(o.to(self.acc), w.to(self.acc))
 
-    def _zero_aware(self, o: torch.Tensor, w: torch.Tensor) -> None:
+    def _zero_aware(self, o: torch.Tensor, w: torch.Tensor, d: torch.Tensor | None = None) -> None:
         """One block of the relative score with zeros in W_old (already in the accumulation dtype): entries
-        with W_old == 0 left out, the block's movement kept apart."""
-        d = torch.sub(w, o)
-        keep = o != 0
-        self.total += float((d[keep] / o[keep]).norm(1))
-        self.count += float(keep.sum())
-        self.moved += float(d.norm(1))
+        with W_old == 0 left out, the block's movement kept apart. ``d``: the block's scratch (overwritten), so
+        the redo allocates nothing (a padding row of an embedding is all zeros: this runs at every step that
+        scores it, and its temporaries would otherwise be the step's peak). Δ / W_old of an entry with W_old = 0
+        is inf or NaN, set to 0 in place (so is a ratio that overflows fp32, |Δ| > 3e38 |W_old|); a NaN weight makes
+        the score NaN, as it would without the redo."""
+        d = torch.sub(w, o) if d is None else torch.sub(w, o, out=d)
+        moved = float(d.norm(1))
+        self.moved += moved
+        self.count += float(torch.count_nonzero(o))
+        if math.isnan(moved):   # a NaN weight, old or new: the layer's score is NaN (it keeps training)
+            self.total += math.nan
+            return
+        self.total += float(torch.nan_to_num_(d.div_(o), nan=0.0, posinf=0.0, neginf=0.0).norm(1))
 
     def _add_on_device(self, o: torch.Tensor, w: torch.Tensor) -> None:
         BlockSums.add_together([(self, o, w)])
@@ -410,7 +417,7 @@ def add_host_together(items) -> None:
     pieces of one block at most (small parameters) are reduced together by multi-tensor ops (a few ops and
     one host read for all of them; each piece's block sum is the same reduction as alone, and every layer's
     sums are added in its pieces' order)."""
-    small = [j for j, (_, o, _) in enumerate(items) if 0 < o.numel() <= BLOCK_NUMEL and not _is_fake(o)]
+    small = [j for j, (_, o, _) in enumerate(items) if 0 < o.numel() <= BLOCK_NUMEL]
     sums = dict(zip(small, _block_sums_together([items[j] for j in small]))) if len(small) > 1 else {}
     for j, (sm, o, w) in enumerate(items):
         if j in sums:

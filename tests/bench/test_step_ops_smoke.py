@@ -39,8 +39,8 @@ def test_every_row_and_phase_is_counted_on_the_cpu(rows):
 
 def test_the_counter_sees_the_steps_it_should(rows):
     """Plain's optimizer step is torch's foreach AdamW (multi-tensor ops, no per-parameter update); checkpointing
-    recomputes in backward; slimfit's default step encodes and decodes the 8-bit moments (block-wise dynamic
-    codes, the default state_code)."""
+    recomputes in backward; slimfit's default step steps the 8-bit moments (block-wise dynamic codes, the
+    default state_code) by one fused op per call, without a separate decode or encode."""
     got, _ = rows
     for model in step_ops.QUICK_MODELS:
         plain = step_ops._parse_detail(got[("cpu", model, "plain")]["optimizer_detail"])
@@ -48,9 +48,11 @@ def test_the_counter_sees_the_steps_it_should(rows):
         ckpt = got[("cpu", model, "checkpointing")]
         assert int(ckpt["backward"]) > int(got[("cpu", model, "plain")]["backward"])
         slim = step_ops._parse_detail(got[("cpu", model, "slimfit")]["optimizer_detail"])
-        assert slim["slimfit.quantize_blockwise"] > 0 and slim["slimfit.dequantize_blockwise"] > 0
+        assert slim["slimfit.adam_blockwise_"] > 0
+        assert slim["slimfit.quantize_blockwise"] == 0 and slim["slimfit.dequantize_blockwise"] == 0
         full = step_ops._parse_detail(got[("cpu", model, "slimfit-full-state")]["optimizer_detail"])
         assert full["slimfit.quantize_blockwise"] == 0 and full["slimfit.quantize"] == 0
+        assert full["slimfit.adam_blockwise_"] == 0
 
 
 def test_fake_cuda_counts_the_optimizer_and_scheduler_on_a_device(rows):
@@ -64,7 +66,7 @@ def test_fake_cuda_counts_the_optimizer_and_scheduler_on_a_device(rows):
         assert ("fake-cuda", model, "checkpointing") not in got
         slim = got[("fake-cuda", model, "slimfit")]
         assert int(slim["scheduler"]) > 0 and int(slim["optimizer"]) > int(plain["optimizer"])
-        assert step_ops._parse_detail(slim["optimizer_detail"])["slimfit.quantize_blockwise"] > 0
+        assert step_ops._parse_detail(slim["optimizer_detail"])["slimfit.adam_blockwise_"] > 0
     assert "fake-cuda rows:" in md
 
 

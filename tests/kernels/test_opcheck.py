@@ -44,7 +44,24 @@ def _table():
             ("quantize_blockwise", (x, q, 64, True, 2**40 + 5)),
             ("dequantize_blockwise", (*reference.quantize_blockwise(x, q, 64), q, 64, list(shape), dtype)),
         ]
+    rows.append(("adam_blockwise_", _adam_blockwise_args()))
     return rows
+
+
+def _adam_blockwise_args():
+    """Two pieces (fp32, bf16 with an fp32 gradient) of the held Adam step, moments coded as the held step codes
+    them."""
+    from slimfit.kernels import qmaps
+
+    qm, qv = qmaps.MAPS["signed"](8), qmaps.MAPS["unsigned"](8)
+    sizes = (300, 77)
+    m = [reference.quantize_blockwise(randn((n,), seed=10 + n) * 1e-3, qm, 64, True, 1) for n in sizes]
+    v = [reference.quantize_blockwise(randn((n,), seed=20 + n).abs() * 1e-2, qv, 64, True, 2) for n in sizes]
+    return ([randn((300,), seed=4), randn((77,), torch.bfloat16, seed=5)],
+            [randn((300,), seed=6), randn((77,), seed=7)],
+            [c for c, _ in m], [a for _, a in m], [c for c, _ in v], [a for _, a in v], qm, qv, [1e-3, 2e-3],
+            [0.999, 0.998], [0.03, 0.04], 0.9, 0.999, 1e-8, 0.01, True, 64, True, [1, 2, 3, 4, 5, 6], [0, 2**33],
+            True)
 
 
 TABLE = _table()

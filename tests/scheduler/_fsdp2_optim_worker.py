@@ -130,6 +130,46 @@ def _body(rank, world, steps):
         if name == "q8":
             model.reshard()
             out["portable"] = _portable_resume(model, opt, x[half], y[half])
+    out["held_invariance"] = _held_invariance(base, steps)
+    return out
+
+
+def _held_invariance(base, steps):
+    """Every moment held 8-bit (the default code), stepped from the same whole gradients on the shards and in one
+    process, cut into pieces of 128 (the shards: every piece at most 100 elements, aligned up) and of 4096: per
+    parameter whose shards start at block boundaries, whether this rank's weights, codes and block maxima are
+    one process's slice of them bit for bit (the draws follow the global index, not the cut or the world size)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from slimfit.optim import ChunkedStep, FrozenState
+    from slimfit.optim.keys import Q8
+    from slimfit.optim.sharded_params import blocks_fixed, global_start
+
+    runs = {}
+    for name, model, chunk in (("sharded", _sharded(copy.deepcopy(base)), 100), ("one", copy.deepcopy(base), 4096)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        keep = (ChunkedStep(opt, chunk_numel=chunk),
+                FrozenState(opt, "compress", between_steps=True, seed=0, code="dynamic", bits=8, stochastic=True))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            for p in model.parameters():
+                whole = torch.randn(p.shape, generator=g) * 1e-2
+                p.grad = distribute_tensor(whole, p.device_mesh, p.placements) if name == "sharded" else whole
+            opt.step()
+            opt.zero_grad()
+        runs[name] = (dict(model.named_parameters()), opt, keep)
+    (shards, opt_s, _), (whole, opt_one, _) = runs["sharded"], runs["one"]
+    out = {}
+    for n, p in shards.items():
+        if not blocks_fixed(p, 128):
+            continue
+        local, q, start = p.detach().to_local().reshape(-1), whole[n], global_start(p)
+        same = torch.equal(local, q.detach().reshape(-1)[start:start + local.numel()])
+        for key in ("exp_avg", "exp_avg_sq"):
+            e, e_one = opt_s.state[p][key + Q8], opt_one.state[q][key + Q8]
+            same = same and torch.equal(e["codes"], e_one["codes"][start:start + local.numel()])
+            same = same and torch.equal(e["absmax"], e_one["absmax"][start // 128:(start + local.numel()) // 128])
+        out[n] = same
     return out
 
 

@@ -92,20 +92,34 @@ def test_every_moment_held_8bit_per_shard_where_its_blocks_are_the_whole_paramet
                 assert not entries and full == ["exp_avg", "exp_avg_sq"], name
 
 
+def test_held_moments_are_the_whole_parameters_bit_for_bit_on_every_rank(ranks):
+    """From the same gradients, each rank's held weights, codes and block maxima are one process's slice of them,
+    though the shards are cut into pieces of 128 and the one process into pieces of 4096 (#42: the held moments
+    decode the same at any world size)."""
+    for r in ranks:
+        inv = r["held_invariance"]
+        assert set(inv) == {"fc1.weight", "fc2.weight"}
+        assert all(inv.values()), inv
+
+
 def _distance(a, b, name):
     return float((a[name] - b[name]).norm() / b[name].norm().clamp_min(1e-30))
 
 
 def test_held_moments_train_as_one_process_does(ranks):
-    """Not bit for bit: a piece's rounding stream is seeded by where it starts, and the ranks' pieces start
-    elsewhere than one process's. So each layer's distance from the one-process 8-bit run is held to the
-    scale of the codec's own noise: three times that run's distance from full-precision moments (measured:
-    0.9x-1.4x), and the whole batch's loss after training to 1e-3 (measured: 1.3e-4)."""
+    """Not bit for bit: the shards' gradients are summed in another order, and the shards keep the moments of
+    parameters whose blocks they would cut in full (one process holds them 8-bit). So each layer's distance
+    from the one-process 8-bit run is held to the scale of the codec's own noise: three times that run's
+    distance from full-precision moments (measured: 0.9x-1.4x), and so is the whole batch's loss after
+    training (measured: the two 8-bit runs 1.4e-3 apart, each 6e-4 to 8e-4 from full precision's, on either
+    side)."""
     q8, full = ranks[0]["q8"], ranks[0]["full"]
     assert q8["log"] == q8["log_one"] == full["log_one"]
     for name in q8["weights"]:
         codec_noise = _distance(q8["weights_one"], full["weights_one"], name)
         assert _distance(q8["weights"], q8["weights_one"], name) <= 3 * codec_noise + 1e-6, name
-    assert q8["whole"] == pytest.approx(q8["whole_one"], rel=1e-3)
+    # the whole batch's loss after training, by the same rule: the shards' norm weights and biases keep their
+    # moments in full where one process holds them 8-bit, so the two 8-bit runs differ by codec noise
+    assert abs(q8["whole"] - q8["whole_one"]) <= 3 * abs(q8["whole_one"] - full["whole_one"]) + 1e-6
     assert full["whole"] == pytest.approx(full["whole_one"], rel=1e-6)
 

@@ -5,6 +5,7 @@
 the same outputs as `slimfit.kernels.reference`, bit for bit. They also run on CPU
 tensors under `TRITON_INTERPRET=1` (how the tests exercise them without a GPU).
 """
+from .adam_blockwise import adam_blockwise_
 from .bits import pack_bits, unpack_bits
 from .dropout import dropout_mask, seeded_dropout
 from .quantize import dequantize, quantize
@@ -15,5 +16,5 @@ from .topk import topk_prune, topk_restore
 __all__ = [
     "quantize", "dequantize", "topk_prune", "topk_restore",
     "pack_bits", "unpack_bits", "dropout_mask", "seeded_dropout", "quantize_blockwise", "dequantize_blockwise",
-    "round_stochastic",
+    "round_stochastic", "adam_blockwise_",
 ]

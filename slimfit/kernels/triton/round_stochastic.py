@@ -37,12 +37,11 @@ def _round_bf16_kernel(x_ptr, out_ptr, n_elements, k0, k1, BLOCK: tl.constexpr):
     tl.store(out_ptr + idx, y.to(tl.uint16).to(tl.int16, bitcast=True), mask=inside)
 
 
-@triton.jit(do_not_specialize=["k0", "k1"])
-def _round_fp16_kernel(x_ptr, out_ptr, n_elements, k0, k1, BLOCK: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    idx = pid * BLOCK + tl.arange(0, BLOCK)
-    inside = idx < n_elements
-    x = tl.load(x_ptr + idx, mask=inside, other=0.0)
+@triton.jit
+def fp16_stochastic(x, u):
+    """fp32 x rounded to float16 from uniforms u: the upper of its two fp16 neighbours with probability
+    (x - lo) / (hi - lo); the nearest where x or its nearest rounding is not finite (the reference's formulas;
+    adam_blockwise.py rounds its fp16 weights with it too)."""
     near = x.to(tl.float16)
     nf = near.to(tl.float32)
     h = near.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
@@ -54,9 +53,18 @@ def _round_fp16_kernel(x_ptr, out_ptr, n_elements, k0, k1, BLOCK: tl.constexpr):
     lo = tl.minimum(nf, other)
     hi = tl.maximum(nf, other)
     p = tl.math.div_rn(x - lo, hi - lo)
-    y = tl.where(_rng.uniform(idx, k0, k1) < p, hi, lo).to(tl.float16)
+    y = tl.where(u < p, hi, lo).to(tl.float16)
     finite = (tl.abs(x) < float("inf")) & (tl.abs(nf) < float("inf"))   # NaN compares false
-    tl.store(out_ptr + idx, tl.where(finite, y, near), mask=inside)
+    return tl.where(finite, y, near)
+
+
+@triton.jit(do_not_specialize=["k0", "k1"])
+def _round_fp16_kernel(x_ptr, out_ptr, n_elements, k0, k1, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    idx = pid * BLOCK + tl.arange(0, BLOCK)
+    inside = idx < n_elements
+    x = tl.load(x_ptr + idx, mask=inside, other=0.0)
+    tl.store(out_ptr + idx, fp16_stochastic(x, _rng.uniform(idx, k0, k1)), mask=inside)
 
 
 def round_stochastic(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:

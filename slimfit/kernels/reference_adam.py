@@ -1,0 +1,115 @@
+"""Reference of slimfit::adam_blockwise_: one Adam/AdamW step of pieces whose moments are held as 8-bit
+block-wise dynamic codes, decoded, stepped and encoded again in one kernel.
+
+The held step (slimfit/optim/held_step.py) otherwise decodes both moments of a call's pieces, runs torch's
+multi-tensor Adam on them and encodes them back: about thirty ops a call, each a launch on a GPU, and two
+fp32 temporaries the size of the call. This op is that whole round in one: every element is read and
+written once, nothing but the codes, block maxima and weights is written.
+
+Per piece j (a flat contiguous slice of a parameter; its moments' codes and block maxima the matching
+slices of the held entries: the piece starts at a block boundary of its entries) and element i, in fp32,
+every operation rounded on its own (no fused multiply-add), the scalars given as fp32 values:
+
+    m = qmap_m[mc[i]] * am[b]            s = qmap_v[vc[i]] * av[b]; v = s * s      (b = i // block_size)
+    g = grad[i] (to fp32)                w = param[i] (to fp32)
+    weight_decay != 0: decoupled (AdamW)  w = w * decays[j]
+                       else (Adam)        g = g + w * weight_decay
+    m = m + (g - m) * (1 - beta1)
+    v = v * beta2 + (g * g) * (1 - beta2)
+    w = w - step_sizes[j] * (m / (sqrt(v) / bc2_sqrts[j] + eps))
+    param[i] = w                      fp32 weights
+             = w rounded to the weight's dtype, stochastically from (seeds[3j + 2], offsets[j] + i) with
+               round_weights (reference.round_stochastic's formulas), else to nearest
+    then per block of the new m and of s = sqrt(max(v, 0)): absmax, and each element's code of y = x *
+    (1 / absmax) (0 for a zero or subnormal absmax) as reference.quantize_blockwise makes it: the nearest
+    level, or with ``stochastic`` one of the two levels around y drawn from the uniform of (seeds[3j], offsets[j]
+    + i) for m and (seeds[3j + 1], offsets[j] + i) for s.
+
+(1 - beta1) and (1 - beta2) are computed in double and rounded to fp32 once, as every scalar here; the caller
+computes step_sizes = lr / (1 - beta1^t), bc2_sqrts = sqrt(1 - beta2^t) and decays = 1 - lr * weight_decay per
+piece (t the step count after this step), as torch's Adam does on the host. The random stream is a function
+of the element's index in the whole parameter (``offsets``: the piece's first element there), not of how
+pieces are batched into calls: a sharded parameter's moments are coded the same at every world size.
+
+The arithmetic is slimfit's own, not torch's (torch's CPU lerp and addcmul fuse multiply-adds on some CPUs):
+one definition, which the C++ and Triton kernels follow bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+__all__ = ["adam_blockwise_", "f32"]
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to the nearest fp32 value (as a kernel's float argument holds it)."""
+    return torch.tensor(float(x), dtype=torch.float32).item()   # beyond fp32's range: +-inf
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded fp32 square root (IEEE's, as C++'s std::sqrt and Triton's sqrt_rn give it): torch's
+    CPU sqrt of fp32 is not always; the double root rounded once to fp32 is (double keeps more than twice
+    fp32's bits, so the second rounding cannot differ)."""
+    return torch.sqrt(x.double()).float()
+
+
+def _decode(codes: torch.Tensor, absmax: torch.Tensor, qmap: torch.Tensor, block_size: int, n: int) -> torch.Tensor:
+    return reference.dequantize_blockwise(codes, absmax, qmap, block_size, (n,), torch.float32)
+
+
+def _encode_into(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochastic: bool, seed: int, start: int,
+                 codes: torch.Tensor, absmax: torch.Tensor) -> None:
+    """reference.quantize_blockwise of ``x`` with element i drawing index start + i, written into codes/absmax."""
+    n = x.numel()
+    nb = absmax.numel()
+    pad = nb * block_size - n
+    padded = torch.cat([x, x.new_zeros(pad)]) if pad else x
+    blocks = padded.view(nb, block_size)
+    amax = blocks.abs().amax(dim=1)
+    inv = torch.where(amax >= reference._MIN_NORMAL, 1.0 / amax, torch.zeros_like(amax))
+    y = (blocks * inv[:, None]).reshape(-1)[:n]
+    q = qmap.reshape(-1).to(torch.float32)
+    if stochastic:
+        c = reference._stochastic_codes(y, q, seed, start)
+    else:
+        c = torch.searchsorted(reference._midpoints(q), y)
+        c = torch.where(torch.isnan(y), 0, c)
+    codes.copy_(c.to(torch.uint8))
+    absmax.copy_(amax)
+
+
+def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,
+                    bc2_sqrts, beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool,
+                    block_size: int, stochastic: bool, seeds, offsets, round_weights: bool) -> None:
+    b1c, b2, b2c = f32(1.0 - beta1), f32(beta2), f32(1.0 - beta2)
+    eps, wd = f32(eps), f32(weight_decay)
+    for j, p in enumerate(params):
+        n = p.numel()
+        if n == 0:
+            continue
+        flat = p.view(-1)
+        m = _decode(m_codes[j], m_absmax[j], qmap_m, block_size, n)
+        s = _decode(v_codes[j], v_absmax[j], qmap_v, block_size, n)
+        v = s * s
+        g = grads[j].reshape(-1).to(torch.float32)
+        w = flat.to(torch.float32)
+        if wd != 0.0:
+            if decoupled:
+                w = w * f32(decays[j])
+            else:
+                g = g + w * wd
+        m = m + (g - m) * b1c
+        v = v * b2 + (g * g) * b2c
+        w = w - f32(step_sizes[j]) * (m / (_sqrt(v) / f32(bc2_sqrts[j]) + eps))
+        if flat.dtype == torch.float32:
+            flat.copy_(w)
+        elif round_weights:
+            flat.copy_(reference.round_stochastic_from(w, flat.dtype, int(seeds[3 * j + 2]), int(offsets[j])))
+        else:
+            flat.copy_(w.to(flat.dtype))
+        start = int(offsets[j])
+        _encode_into(m, qmap_m, block_size, stochastic, int(seeds[3 * j]), start, m_codes[j], m_absmax[j])
+        _encode_into(_sqrt(v.clamp_min(0)), qmap_v, block_size, stochastic, int(seeds[3 * j + 1]), start,
+                     v_codes[j], v_absmax[j])

@@ -1,0 +1,121 @@
+"""The held step in one kernel: pieces whose moments are 8-bit dynamic codes, stepped by slimfit::adam_blockwise_.
+
+held_step.step_held otherwise decodes a call's moments, runs torch's multi-tensor Adam on them and encodes
+them back: about thirty ops a call and two fp32 temporaries of the call's size. Where every held entry is
+the default code (block-wise dynamic, 8 bits) and the group is a plain Adam/AdamW, this module hands the
+pieces to one op instead (slimfit/kernels/reference_adam.py states its arithmetic; C++ on the CPU, Triton on
+a GPU): each element is read and written once, and nothing is allocated but the copies a scheduler reads.
+So the pieces need no bound for their temporaries: every piece of a call that no observer watches goes into
+one op, and a batch with watched pieces (their values before the update are copied for the scores) is its
+own op, as held_step's batches bound those copies.
+
+Its random streams are a function of (parameter, moment, step count, the element's index in the whole
+parameter): not of how pieces are cut or batched, so an FSDP2 shard's moments and weights are coded as the
+whole parameter's would be at any world size (held_step's streams run on from a call's first piece).
+
+Left to held_step (``fusable`` is False): amsgrad, maximize, capturable or differentiable groups, a
+GradScaler's scale on the optimizer, a tensor learning rate, 4-bit or linear codes, and entries whose block
+sizes or roundings differ.
+"""
+from __future__ import annotations
+
+import torch
+
+import slimfit.kernels  # noqa: F401  (registers torch.ops.slimfit.adam_blockwise_)
+from slimfit.kernels import qmaps
+
+from .keys import Q8
+
+__all__ = ["fusable", "step_fused"]
+
+_KEYS = ("exp_avg", "exp_avg_sq")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _entry_ok(entry: dict, sqrt: bool) -> bool:
+    return (bool(entry.get("dynamic", False)) and int(entry.get("bits", 0)) == 8 and bool(entry["sqrt"]) == sqrt
+            and entry["codes"].dtype == torch.uint8)
+
+
+def fusable(optimizer, group, states, params) -> bool:
+    """Whether slimfit::adam_blockwise_ steps these held parameters exactly as the group asks."""
+    if group["amsgrad"] or group["maximize"] or group.get("capturable") or group.get("differentiable"):
+        return False
+    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
+        return False
+    if isinstance(group["lr"], torch.Tensor) or any(isinstance(b, torch.Tensor) for b in group["betas"]):
+        return False
+    formats = set()
+    for p, st in zip(params, states):
+        if p.dtype not in _FLOATS or p.grad is None or p.grad.dtype not in _FLOATS:
+            return False
+        m, v = st.get("exp_avg" + Q8), st.get("exp_avg_sq" + Q8)
+        if m is None or v is None or not (_entry_ok(m, False) and _entry_ok(v, True)):
+            return False
+        formats.add((int(m["group_size"]), int(v["group_size"]), bool(m.get("stochastic")),
+                     bool(v.get("stochastic"))))
+    return len(formats) == 1 and len({f[0] for f in formats} | {f[1] for f in formats}) == 1 and \
+        len({f[2] for f in formats} | {f[3] for f in formats}) == 1
+
+
+def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool) -> None:
+    """One op over ``items``: (piece, grad piece, m entry, v entry, start, lr, step t, seeds, offset)."""
+    beta1, beta2 = (float(b) for b in group["betas"])
+    wd = float(group["weight_decay"])
+    lists = {k: [] for k in ("p", "g", "mc", "ma", "vc", "va", "ss", "dec", "bc2", "seeds", "off")}
+    for piece, grad, m, v, a, lr, t, seeds, offset in items:
+        b, e = a // block_size, -(-(a + piece.numel()) // block_size)
+        lists["p"].append(piece)
+        lists["g"].append(grad)
+        lists["mc"].append(m["codes"].view(-1)[a:a + piece.numel()])
+        lists["ma"].append(m["absmax"][b:e])
+        lists["vc"].append(v["codes"].view(-1)[a:a + piece.numel()])
+        lists["va"].append(v["absmax"][b:e])
+        lists["ss"].append(lr / (1.0 - beta1 ** t))
+        lists["dec"].append(1.0 - lr * wd)
+        lists["bc2"].append((1.0 - beta2 ** t) ** 0.5)
+        lists["seeds"] += seeds
+        lists["off"].append(offset)
+    torch.ops.slimfit.adam_blockwise_(
+        lists["p"], lists["g"], lists["mc"], lists["ma"], lists["vc"], lists["va"],
+        qmaps.on_device("signed", 8, items[0][0]), qmaps.on_device("unsigned", 8, items[0][0]),
+        lists["ss"], lists["dec"], lists["bc2"], beta1, beta2, float(group["eps"]), wd,
+        bool(group.get("decoupled_weight_decay", False)), block_size, stochastic, lists["seeds"], lists["off"],
+        round_weights)
+
+
+def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batches, watched, observer, holder,
+               rounding, report, copies) -> None:
+    """held_step.step_held's update of ``params`` through slimfit::adam_blockwise_ (``batches``: held_step's
+    (factor, [(param index, start, end)]) batches; ``watched[i]``: the observer scores param i's pieces).
+    Step counts move by one each; gradients are left to the caller."""
+    first = states[0]["exp_avg" + Q8]
+    block_size, stochastic = int(first["group_size"]), bool(first.get("stochastic", False))
+    round_weights = rounding is not None
+    seeds_of: dict = {}
+
+    def seeds(i):
+        if i not in seeds_of:
+            step = {"step": numbers[i]}
+            w = rounding.seed(params[i], numbers[i], 0) if round_weights else 0
+            seeds_of[i] = [holder.seed_for(params[i], k, step, start=0) for k in _KEYS] + [w]
+        return seeds_of[i]
+
+    def item(i, a, b, factor):
+        st = states[i]
+        return (pieces_of[i].view(-1)[a:b], grads_of[i].view(-1)[a:b], st["exp_avg" + Q8], st["exp_avg_sq" + Q8],
+                a, float(group["lr"]) * factor, numbers[i] + 1, seeds(i), starts[i] + a)
+
+    pending: dict = {}
+    for factor, batch in batches:
+        if not any(watched[i] for i, _, _ in batch):
+            for i, a, b in batch:
+                pending.setdefault(pieces_of[i].device, []).append(item(i, a, b, factor))
+            continue
+        items = [item(i, a, b, factor) for i, a, b in batch]
+        seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
+        olds = dict(zip(seen, copies([items[j][0] for j in seen])))
+        _launch(group, items, block_size, stochastic, round_weights)
+        report(observer, [(params[batch[j][0]], batch[j][1], old, items[j][0]) for j, old in olds.items()])
+    for items in pending.values():
+        _launch(group, items, block_size, stochastic, round_weights)

@@ -1,0 +1,115 @@
+"""slimfit::adam_blockwise_ (the held Adam step in one kernel) on the CPU: the C++ kernel bit for bit its reference
+(slimfit/kernels/reference_adam.py) over dtypes, roundings, weight decays, block sizes, ragged and empty pieces and
+64-bit offsets; the reference itself against torch's AdamW from the decoded moments; its errors."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from slimfit.kernels import backend_info, qmaps, reference, reference_adam
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+native = pytest.mark.skipif(backend_info()["cpu"] != "native (C++)", reason="the C++ extension is not loaded")
+
+
+def _call(sizes, dtype, grad_dtype, *, block_size=128, stochastic=True, round_weights=True, weight_decay=0.01,
+          decoupled=True, offsets=None, seed=0, t=5):
+    g = torch.Generator().manual_seed(seed)
+    qm, qv = qmaps.on_device("signed", 8, torch.zeros(1)), qmaps.on_device("unsigned", 8, torch.zeros(1))
+    params = [torch.randn(n, generator=g).to(dtype) for n in sizes]
+    grads = [(torch.randn(n, generator=g) * 1e-2).to(grad_dtype) for n in sizes]
+    m = [reference.quantize_blockwise(torch.randn(n, generator=g) * 1e-3, qm, block_size, True, 1) for n in sizes]
+    v = [reference.quantize_blockwise(torch.rand(n, generator=g) * 1e-2, qv, block_size, True, 2) for n in sizes]
+    k, lr = len(sizes), 1e-3
+    return [params, grads, [c for c, _ in m], [a for _, a in m], [c for c, _ in v], [a for _, a in v], qm, qv,
+            [lr / (1 - 0.9 ** t)] * k, [1 - lr * weight_decay] * k, [math.sqrt(1 - 0.999 ** t)] * k, 0.9, 0.999,
+            1e-8, weight_decay, decoupled, block_size, stochastic, list(range(100, 100 + 3 * k)),
+            offsets if offsets is not None else [0] * k, round_weights]
+
+
+def _clone(args):
+    return [[t.clone() for t in a] if isinstance(a, list) and a and torch.is_tensor(a[0]) else a for a in args]
+
+
+def _outputs(args):
+    return [t for k in (0, 2, 3, 4, 5) for t in args[k]]
+
+
+@native
+@pytest.mark.parametrize("dtype,grad_dtype", [(F32, F32), (BF16, BF16), (F16, F16), (BF16, F32)],
+                         ids=["fp32", "bf16", "fp16", "bf16-fp32grad"])
+def test_the_cpu_kernel_is_its_reference_bit_for_bit(dtype, grad_dtype):
+    for stochastic, round_weights, decoupled, wd, bs in itertools.product(
+            [True, False], [True, False], [True, False], [0.0, 0.01], [64, 128]):
+        args = _call([300, 1, 5000, 0], dtype, grad_dtype, block_size=bs, stochastic=stochastic,
+                     round_weights=round_weights, weight_decay=wd, decoupled=decoupled,
+                     offsets=[0, 2**32 - 256, 2**33 + 512, 7])
+        got, want = _clone(args), _clone(args)
+        torch.ops.slimfit.adam_blockwise_(*got)
+        reference_adam.adam_blockwise_(*want)
+        for a, b in zip(_outputs(got), _outputs(want)):
+            assert torch.equal(a, b), (stochastic, round_weights, decoupled, wd, bs)
+        assert not torch.equal(got[0][0], args[0][0])   # the weights moved
+
+
+@native
+def test_the_draws_follow_the_global_index_not_the_cut():
+    """A piece cut in two at a block boundary, each half given its place in the whole (offsets), is stepped and
+    coded exactly as the whole: what makes a sharded parameter's moments independent of the world size."""
+    whole = _call([1024], F32, F32, round_weights=True)
+    halves = _clone(whole)
+    for k in (0, 1, 2, 3, 4, 5):
+        t = halves[k][0]
+        cut = 512 if t.numel() == 1024 else 4   # blocks of 128: 4 maxima each side
+        halves[k] = [t[:cut], t[cut:]]
+    halves[8], halves[9], halves[10] = whole[8] * 2, whole[9] * 2, whole[10] * 2
+    halves[18], halves[19] = whole[18] * 2, [0, 512]
+    torch.ops.slimfit.adam_blockwise_(*whole)
+    torch.ops.slimfit.adam_blockwise_(*halves)
+    for k in (0, 2, 3, 4, 5):
+        assert torch.equal(torch.cat(halves[k]), whole[k][0])
+
+
+def test_the_reference_is_adamw_from_the_decoded_moments():
+    """One step of torch's AdamW (fp64) from the decoded moments gives the reference's weights to fp32 rounding, and
+    its new moments decode within the 8-bit code's error."""
+    args = _call([1000], F32, F32, stochastic=False, round_weights=False)
+    p0, g = args[0][0].clone(), args[1][0]
+    m0 = reference.dequantize_blockwise(args[2][0], args[3][0], args[6], 128, (1000,), torch.float64)
+    s0 = reference.dequantize_blockwise(args[4][0], args[5][0], args[7], 128, (1000,), torch.float64)
+    reference_adam.adam_blockwise_(*args)
+    p = torch.nn.Parameter(p0.double())
+    opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    p.grad = g.double()
+    opt.state[p] = {"step": torch.tensor(4.0, dtype=torch.float64), "exp_avg": m0.clone(),
+                    "exp_avg_sq": s0 * s0}
+    opt.step()
+    torch.testing.assert_close(args[0][0].double(), p.detach(), rtol=0, atol=1e-6)
+    m1 = reference.dequantize_blockwise(args[2][0], args[3][0], args[6], 128, (1000,), torch.float64)
+    s1 = reference.dequantize_blockwise(args[4][0], args[5][0], args[7], 128, (1000,), torch.float64)
+    blocks = lambda x: x.view(-1, 125)   # noqa: E731  (not the code's blocks: a tolerance per 125 elements)
+    exp_m, exp_s = opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"].sqrt()
+    # the nearest level: within half the top decade's gap (0.9 / 64 signed, 0.9 / 128 unsigned) of each block's max
+    assert ((m1 - exp_m).abs() <= 0.5 * 0.9 / 64 * exp_m.abs().max() + 1e-12).all()
+    assert ((s1 - exp_s).abs() <= 0.5 * 0.9 / 128 * exp_s.abs().max() + 1e-12).all()
+    assert blocks(m1).shape[0] == 8
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda a: a.__setitem__(1, [a[1][0][:-1]]), "grads"),
+    (lambda a: a.__setitem__(3, [a[3][0][:-1]]), "block maxima|m_absmax"),
+    (lambda a: a.__setitem__(2, [a[2][0].float()]), "codes|m_codes"),
+    (lambda a: a.__setitem__(18, a[18][:2]), "seeds"),
+    (lambda a: a.__setitem__(16, 100), "block_size"),
+    (lambda a: a.__setitem__(0, [a[0][0].to(torch.float64)]), "float32, float16 or bfloat16|dtype"),
+    (lambda a: a.__setitem__(0, [a[0][0].view(10, 30).t()]), "contiguous"),
+], ids=["grad-size", "absmax-size", "codes-dtype", "seeds", "block-size", "param-dtype", "non-contiguous"])
+def test_bad_arguments_are_refused_with_their_names(bad, match):
+    args = _call([300], F32, F32)
+    bad(args)
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=match):
+        torch.ops.slimfit.adam_blockwise_(*args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        from slimfit.kernels._ops import _checked
+        _checked("adam_blockwise_", reference_adam.adam_blockwise_)(*args)
