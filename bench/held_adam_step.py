@@ -129,7 +129,7 @@ def measure(model_name: str, dtype_name: str, row: str) -> dict:
 def markdown(rows: list[dict], argv) -> str:
     base = {(r["model"], r["dtype"]): float(r["step_ms"]) for r in rows if r["row"] == "torch foreach"}
     lines = [f"# The AdamW step alone: torch's against slimfit's held 8-bit step ({NAME}.py)", "",
-             f"Command: `{_results.command('bench/held_adam_step.py', argv)}`", "",
+             f"Command: `{_results.command(NAME, argv)}`", "",
              f"{rows[0]['device_name']}, torch {rows[0]['torch']}, {rows[0]['threads']} thread(s), commit "
              f"{rows[0]['commit']}, {rows[0]['date']}. Median of {REPS} steps after {WARMUP}; ops of one step (views "
              "left out; a foreach op counts once). Ratios to torch foreach of the same model and dtype, this run.", ""]
