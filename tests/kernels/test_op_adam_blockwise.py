@@ -113,3 +113,22 @@ def test_bad_arguments_are_refused_with_their_names(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         from slimfit.kernels._ops import _checked
         _checked("adam_blockwise_", reference_adam.adam_blockwise_)(*args)
+
+
+@native
+@pytest.mark.parametrize("stochastic", [True, False], ids=["stochastic", "nearest"])
+def test_nan_inf_and_zero_blocks_are_coded_as_the_reference_codes_them(stochastic):
+    """A NaN gradient in one block, an inf in another, and an all-zero block (zero moments, zero gradient,
+    weight decay off): the C++ kernel's started searches end where the reference's do."""
+    args = _call([128 * 4], F32, F32, stochastic=stochastic, round_weights=False, weight_decay=0.0)
+    g = args[1][0]
+    g[5], g[130] = float("nan"), float("inf")
+    g[256:384] = 0.0
+    args[2][0][256:384] = reference.quantize_blockwise(torch.zeros(128), args[6], 128)[0]
+    args[3][0][2] = 0.0
+    args[5][0][2] = 0.0
+    got, want = _clone(args), _clone(args)
+    torch.ops.slimfit.adam_blockwise_(*got)
+    reference_adam.adam_blockwise_(*want)
+    for a, b in zip(_outputs(got), _outputs(want)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
