@@ -223,9 +223,14 @@ def test_linear_entries_without_the_key_still_read():
     assert torch.equal(codec.decode(cast), codec.decode(dyn))
 
 
-def test_dynamic_entries_without_the_rounding_key_load_and_stay_nearest():
+@pytest.mark.parametrize("fused", [False, True], ids=["round", "fused"])
+def test_dynamic_entries_without_the_rounding_key_load_and_stay_nearest(fused, monkeypatch):
     """A checkpoint whose dynamic entries have no "stochastic" key (written when the code rounded to nearest
-    only) loads into a held optimizer, steps, and its pieces are encoded to nearest from then on."""
+    only) loads into a held optimizer, steps, and its pieces are encoded to nearest from then on: torch's new
+    moments coded whole, bit for bit through the unfused round; through the op (slimfit's own arithmetic, a few
+    fp32 ulps from torch's) all but the codes whose value sits within those ulps of a midpoint (measured: 1 of a
+    40,000-element weight's codes at 2 threads, none at 1; allowed: one in 1,000)."""
+    monkeypatch.setattr(held_step, "FUSED", fused)
     model, opt, _, _ = _held_setup(8)
     _step(model, opt, data(seed=0))
     sd = opt.state_dict()
@@ -243,7 +248,9 @@ def test_dynamic_entries_without_the_rounding_key_load_and_stay_nearest():
         for key, sqrt in (("exp_avg", False), ("exp_avg_sq", True)):
             entry = opt2.state[p][key + Q8]
             whole = codec.encode(ref_opt.state[q][key], sqrt=sqrt, seed=0, code="dynamic", stochastic=False)
-            assert "stochastic" not in entry and torch.equal(entry["codes"], whole["codes"])
+            assert "stochastic" not in entry
+            differ = int((entry["codes"] != whole["codes"]).sum())
+            assert differ <= (entry["codes"].numel() // 1000 if fused else 0), (key, differ)
 
 
 def test_bad_codes_are_refused():
