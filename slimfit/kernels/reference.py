@@ -195,6 +195,12 @@ def _stochastic_codes(y: torch.Tensor, q: torch.Tensor, seed: int, start: int = 
 
 def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochastic: bool = False,
                        seed: int = 0):
+    return quantize_blockwise_from(x, qmap, block_size, stochastic, seed, 0)
+
+
+def quantize_blockwise_from(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochastic: bool, seed: int,
+                            start: int):
+    """quantize_blockwise with element i drawing index start + i (a piece of a larger tensor)."""
     flat = x.reshape(-1).to(torch.float32)
     n = flat.numel()
     nb = num_groups(n, block_size)
@@ -209,7 +215,7 @@ def quantize_blockwise(x: torch.Tensor, qmap: torch.Tensor, block_size: int, sto
     y = (blocks * inv[:, None]).reshape(-1)[:n]
     q = qmap.reshape(-1).to(torch.float32)
     if stochastic:
-        return _pack_codes(_stochastic_codes(y, q, seed), bits), absmax
+        return _pack_codes(_stochastic_codes(y, q, seed, start), bits), absmax
     codes = torch.searchsorted(_midpoints(q), y)   # #{mid < y}: side="left"
     codes = torch.where(torch.isnan(y), 0, codes)
     return _pack_codes(codes, bits), absmax

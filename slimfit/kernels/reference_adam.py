@@ -62,22 +62,9 @@ def _decode(codes: torch.Tensor, absmax: torch.Tensor, qmap: torch.Tensor, block
 def _encode_into(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochastic: bool, seed: int, start: int,
                  codes: torch.Tensor, absmax: torch.Tensor) -> None:
     """reference.quantize_blockwise of ``x`` with element i drawing index start + i, written into codes/absmax."""
-    n = x.numel()
-    nb = absmax.numel()
-    pad = nb * block_size - n
-    padded = torch.cat([x, x.new_zeros(pad)]) if pad else x
-    blocks = padded.view(nb, block_size)
-    amax = blocks.abs().amax(dim=1)
-    inv = torch.where(amax >= reference._MIN_NORMAL, 1.0 / amax, torch.zeros_like(amax))
-    y = (blocks * inv[:, None]).reshape(-1)[:n]
-    q = qmap.reshape(-1).to(torch.float32)
-    if stochastic:
-        c = reference._stochastic_codes(y, q, seed, start)
-    else:
-        c = torch.searchsorted(reference._midpoints(q), y)
-        c = torch.where(torch.isnan(y), 0, c)
-    codes.copy_(c.to(torch.uint8))
-    absmax.copy_(amax)
+    c, a = reference.quantize_blockwise_from(x, qmap, block_size, stochastic, seed, start)
+    codes.copy_(c)
+    absmax.copy_(a)
 
 
 def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,

@@ -52,10 +52,8 @@ def fusable(optimizer, group, states, params) -> bool:
         m, v = st.get("exp_avg" + Q8), st.get("exp_avg_sq" + Q8)
         if m is None or v is None or not (_entry_ok(m, False) and _entry_ok(v, True)):
             return False
-        formats.add((int(m["group_size"]), int(v["group_size"]), bool(m.get("stochastic")),
-                     bool(v.get("stochastic"))))
-    return len(formats) == 1 and len({f[0] for f in formats} | {f[1] for f in formats}) == 1 and \
-        len({f[2] for f in formats} | {f[3] for f in formats}) == 1
+        formats |= {(int(e["group_size"]), bool(e.get("stochastic"))) for e in (m, v)}
+    return len(formats) == 1   # one block size and one rounding for every entry of the call
 
 
 def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool) -> None:
