@@ -36,6 +36,7 @@ if __name__ == "__main__" and not __package__:  # file form: python bench/decode
     _shim.run_as_module(__file__)
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -70,8 +71,10 @@ FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Ans
 
 
 # Suffixes of this benchmark alone: +bf16, the model held in bf16 weights (AdamW's moments in bf16 too, as torch
-# makes them); +wsr, the scheduler's chunked step writes bf16 weights by stochastic rounding (weight_rounding).
-DTYPE_SUFFIXES = ("+bf16", "+wsr")
+# makes them); +wsr, the scheduler's chunked step writes bf16 weights by stochastic rounding (weight_rounding);
+# +op, the run fails unless the held step went through slimfit::adam_blockwise_ (the default held step does
+# whenever it can; `+q8all` rows at commits before 3f7ceba ran the decode / torch's Adam / encode round).
+DTYPE_SUFFIXES = ("+bf16", "+wsr", "+op")
 
 
 def _weights(spec: str) -> tuple[str, bool, bool]:
@@ -131,6 +134,24 @@ def _scored(model, enc, test, measured: dict) -> float:
     return accuracy
 
 
+@contextlib.contextmanager
+def _fused_calls():
+    """A list that gets one entry per slimfit::adam_blockwise_ call of the held step while the block runs."""
+    from slimfit.optim import fused_held_step
+
+    calls, launch = [], fused_held_step._launch
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+
+    fused_held_step._launch = counted
+    try:
+        yield calls
+    finally:
+        fused_held_step._launch = launch
+
+
 def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> dict:
     from bench.accuracy import spec_optimizer
     from slimfit.training.finetune import prepare_preset, train_and_evaluate
@@ -148,9 +169,12 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     model.train()
     prepared = prepare_preset(preset, rate, scheduler_options=options, optimizer=spec_optimizer(core))(model, seed)
     measured = {}
-    result = train_and_evaluate(prepared, lambda idx: enc.train_batch([train[i] for i in idx]), len(train),
-                                steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed, device="cpu",
-                                progress=False, evaluate_fn=lambda m: _scored(m, enc, test, measured))
+    with _fused_calls() as fused:
+        result = train_and_evaluate(prepared, lambda idx: enc.train_batch([train[i] for i in idx]), len(train),
+                                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed, device="cpu",
+                                    progress=False, evaluate_fn=lambda m: _scored(m, enc, test, measured))
+    if "+op" in spec and not fused:
+        raise SystemExit(f"{spec!r}: the held step never went through slimfit::adam_blockwise_ (+op asks it to)")
     row = _row(spec, seed, args, (len(train), len(test)), measured["loss"], result.accuracy)
     row.update(step_ms=f"{result.step_ms:.0f}", frozen_share=f"{result.frozen_share:.3f}")
     losses = result.losses
