@@ -5,7 +5,9 @@
 // fp32 throughout, every operation rounded on its own (setup.py compiles with -ffp-contract=off), the
 // scalars rounded to fp32 once. One parallel task handles whole blocks of a piece: the block's weights,
 // gradients and decoded moments sit in stack buffers, the weight is written, and the new moments are coded
-// with the block's new absmax (blockwise_codes.h: the steps slimfit::quantize_blockwise takes).
+// with the block's new absmax (blockwise_codes.h: the steps slimfit::quantize_blockwise takes). With a score
+// kind, a scored piece's blocks also get the sums of the scheduler's score of the move (the reference's
+// block_score_sums: the terms of the weight as loaded and as stored, summed by halving).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -30,19 +32,63 @@ namespace {
 constexpr int64_t kMaxBlock = 4096;
 constexpr int64_t kGrainElements = 32768;  // elements per parallel task (as quantize_blockwise.cpp)
 constexpr int kLevels = 256;
+enum Score : int64_t { kNone = 0, kRelative = 1, kRobust = 2, kAbsolute = 3 };
 
 // The scalars of one call (fp32, as the reference rounds them) and one piece's.
 struct Hyper {
   float b1c, b2, b2c, eps, wd;
   bool decoupled, stochastic, round_weights;
-  int64_t block_size;
+  int64_t block_size, score;
 };
 
 struct Piece {
   float step_size, decay, bc2_sqrt;
   rng::SeedKeys km, kv, kw;
   int64_t offset;  // the piece's first element in its whole parameter: the random streams' index
+  float* sums;     // the piece's (3, blocks) score sums, or nullptr: not scored
 };
+
+// t[0, bs) summed by halving (t[len, bs) set to 0 first): the second half added to the first until one value is
+// left, the reference's order. Overwrites t.
+float halving_sum(float* t, int64_t len, int64_t bs) {
+  for (int64_t j = len; j < bs; ++j) t[j] = 0.0f;
+  for (int64_t h = bs / 2; h >= 1; h /= 2) {
+    for (int64_t k = 0; k < h; ++k) t[k] = t[k] + t[k + h];
+  }
+  return t[0];
+}
+
+// Block b's score sums from its weights as loaded (w0) and as stored (w1, overwritten as scratch), into
+// sums[r * nb + b] for the rows r of the kind (reference_adam.block_score_sums).
+void score_block(int64_t kind, const float* w0, float* w1, float* t, int64_t len, int64_t bs, float* sums,
+                 int64_t nb, int64_t b) {
+  float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f;
+  for (int64_t j = 0; j < len; ++j) w1[j] = w1[j] - w0[j];  // d
+  if (kind == kRelative) {
+    for (int64_t j = 0; j < len; ++j) {
+      const float k = w0[j] != 0.0f ? 1.0f : 0.0f;
+      t[j] = (std::fabs(w1[j]) * k) / (std::fabs(w0[j]) + (1.0f - k));
+    }
+    r0 = halving_sum(t, len, bs);
+    for (int64_t j = 0; j < len; ++j) t[j] = w0[j] != 0.0f ? 1.0f : 0.0f;
+    r1 = halving_sum(t, len, bs);
+    for (int64_t j = 0; j < len; ++j) t[j] = std::fabs(w1[j]);
+    r2 = halving_sum(t, len, bs);
+  } else if (kind == kRobust) {
+    for (int64_t j = 0; j < len; ++j) t[j] = w1[j] * w1[j];
+    r0 = halving_sum(t, len, bs);
+    for (int64_t j = 0; j < len; ++j) t[j] = w0[j] * w0[j];
+    r1 = halving_sum(t, len, bs);
+  } else {
+    for (int64_t j = 0; j < len; ++j) t[j] = std::fabs(w1[j]);
+    r0 = halving_sum(t, len, bs);
+    for (int64_t j = 0; j < len; ++j) t[j] = 1.0f;
+    r1 = halving_sum(t, len, bs);
+  }
+  sums[b] = r0;
+  sums[nb + b] = r1;
+  sums[2 * nb + b] = r2;
+}
 
 // u[j] = the uniform of index idx0 + j (any idx0: spans cut where the high half of the index changes).
 void uniforms(int64_t idx0, int64_t len, rng::SeedKeys k, float* u) {
@@ -103,11 +149,14 @@ void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va
     alignas(64) float v[kMaxBlock];
     alignas(64) float noise[kMaxBlock];
     alignas(64) uint32_t wbits[kMaxBlock];
+    alignas(64) float w0[kMaxBlock];
+    const bool scored = pc.sums != nullptr;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t start = b * bs;
       const int64_t len = std::min(bs, n - start);
       cpu::load_f32(p + start, w, len);
       cpu::load_f32(g + start, gr, len);
+      if (scored) std::copy(w, w + len, w0);
       const float am = ma[b], av = va[b];
       for (int64_t j = 0; j < len; ++j) {
         m[j] = tm.lv[mc[start + j]] * am;
@@ -130,6 +179,10 @@ void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va
       }
       const int64_t idx0 = pc.offset + start;
       store_weights<T>(w, len, h, pc, idx0, noise, wbits, p + start);
+      if (scored) {
+        cpu::load_f32(p + start, w, len);  // the weight as stored (its rounding included)
+        score_block(h.score, w0, w, noise, len, bs, pc.sums, nb, b);
+      }
       encode_block(tm, m, len, h.stochastic, idx0, pc.km, noise, mc + start, ma + b);
       for (int64_t j = 0; j < len; ++j) v[j] = std::sqrt(v[j] < 0.0f ? 0.0f : v[j]);  // NaN stays NaN
       encode_block(tv, v, len, h.stochastic, idx0, pc.kv, noise, vc + start, va + b);
@@ -173,7 +226,7 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
                         const at::Tensor& qmap_v, at::ArrayRef<double> step_sizes, at::ArrayRef<double> decays,
                         at::ArrayRef<double> bc2_sqrts, double beta1, double beta2, double eps, double weight_decay,
                         bool decoupled, int64_t block_size, bool stochastic, at::IntArrayRef seeds,
-                        at::IntArrayRef offsets, bool round_weights) {
+                        at::IntArrayRef offsets, bool round_weights, at::TensorList score_sums, int64_t score) {
   const char* op = "slimfit::adam_blockwise_";
   const size_t n = params.size();
   TORCH_CHECK(grads.size() == n && m_codes.size() == n && m_absmax.size() == n && v_codes.size() == n &&
@@ -182,6 +235,11 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
               op, ": every list needs one entry per piece (seeds three); got ", n, " params");
   TORCH_CHECK(block_size >= 32 && block_size <= kMaxBlock && (block_size & (block_size - 1)) == 0, op,
               ": block_size must be one of (32, 64, 128, 256, 512, 1024, 2048, 4096), got ", block_size);
+  TORCH_CHECK(score >= kNone && score <= kAbsolute, op, ": score must be 0 (none), 1 (relative), 2 (robust) or 3 "
+              "(absolute), got ", score);
+  TORCH_CHECK(score == kNone ? score_sums.empty() : score_sums.size() == n, op,
+              ": score_sums needs one entry per piece with a score kind (an empty tensor: not scored), none "
+              "without; got ", score_sums.size(), " for ", n, " params and score ", score);
   check_map(qmap_m, "qmap_m");
   check_map(qmap_v, "qmap_v");
   for (size_t j = 0; j < n; ++j) {
@@ -197,6 +255,13 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
                 op, ": piece ", j, " has a non-contiguous tensor; pass contiguous pieces (view(-1) slices)");
     TORCH_CHECK(grads[j].numel() == k, op, ": grads[", j, "] has ", grads[j].numel(), " elements, its param ", k);
     const int64_t nb = (k + block_size - 1) / block_size;
+    if (score != kNone && score_sums[j].numel() != 0) {
+      const at::Tensor& sj = score_sums[j];
+      TORCH_CHECK(sj.device().is_cpu() && sj.scalar_type() == at::kFloat && sj.is_contiguous() && sj.dim() == 2 &&
+                      sj.size(0) == 3 && sj.size(1) == nb,
+                  op, ": score_sums[", j, "] must be empty or a contiguous float32 (3, ", nb, ") on the CPU, got ",
+                  sj.scalar_type(), " of shape ", sj.sizes());
+    }
     TORCH_CHECK(m_codes[j].scalar_type() == at::kByte && m_codes[j].numel() == k && v_codes[j].scalar_type() == at::kByte &&
                     v_codes[j].numel() == k,
                 op, ": the codes of piece ", j, " must be uint8, one per element (", k, ")");
@@ -214,6 +279,7 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
   h.stochastic = stochastic;
   h.round_weights = round_weights;
   h.block_size = block_size;
+  h.score = score;
   cpu::MapTables<kLevels> tm, tv;
   cpu::fill_tables<kLevels>(qmap_m.contiguous().const_data_ptr<float>(), tm);
   cpu::fill_tables<kLevels>(qmap_v.contiguous().const_data_ptr<float>(), tv);
@@ -228,6 +294,7 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
     pc.kv = rng::seed_keys(seeds[3 * j + 1]);
     pc.kw = rng::seed_keys(seeds[3 * j + 2]);
     pc.offset = offsets[j];
+    pc.sums = score != kNone && score_sums[j].numel() != 0 ? score_sums[j].data_ptr<float>() : nullptr;
     uint8_t* mc = m_codes[j].data_ptr<uint8_t>();
     uint8_t* vc = v_codes[j].data_ptr<uint8_t>();
     float* ma = m_absmax[j].data_ptr<float>();

@@ -39,7 +39,8 @@ SCHEMAS = {
                        "Tensor(c!)[] m_absmax, Tensor(d!)[] v_codes, Tensor(e!)[] v_absmax, Tensor qmap_m, "
                        "Tensor qmap_v, float[] step_sizes, float[] decays, float[] bc2_sqrts, float beta1, "
                        "float beta2, float eps, float weight_decay, bool decoupled, int block_size, "
-                       "bool stochastic, int[] seeds, int[] offsets, bool round_weights) -> ()",
+                       "bool stochastic, int[] seeds, int[] offsets, bool round_weights, "
+                       "Tensor(f!)[] score_sums, int score) -> ()",
 }
 
 

@@ -25,6 +25,17 @@ every operation rounded on its own (no fused multiply-add), the scalars given as
     level, or with ``stochastic`` one of the two levels around y drawn from the uniform of (seeds[3j], offsets[j]
     + i) for m and (seeds[3j + 1], offsets[j] + i) for s.
 
+With ``score`` (SCORE_KINDS: 1 relative, 2 robust, 3 absolute; 0 none) each piece j whose ``score_sums[j]`` is not
+empty gets the sums of its blocks' scores (slimfit/scheduler/scores.py), so a scheduler reads how far the step
+moved each layer without copying its old weights: with w0 the weight as loaded and w1 the weight as stored (after
+its rounding, read back as fp32), d = w1 - w0, per block b (fp32, each block's terms summed by halving: the
+second half of the block, zero-padded to block_size, added to the first, until one value is left)
+
+    relative   score_sums[j][0, b] = sum of |d| * k / (|w0| + (1 - k)), k = 1 where w0 != 0 else 0
+               score_sums[j][1, b] = sum of k; score_sums[j][2, b] = sum of |d|
+    robust     score_sums[j][0, b] = sum of d * d; score_sums[j][1, b] = sum of w0 * w0; [2, b] = 0
+    absolute   score_sums[j][0, b] = sum of |d|; score_sums[j][1, b] = the block's element count; [2, b] = 0
+
 (1 - beta1) and (1 - beta2) are computed in double and rounded to fp32 once, as every scalar here; the caller
 computes step_sizes = lr / (1 - beta1^t), bc2_sqrts = sqrt(1 - beta2^t) and decays = 1 - lr * weight_decay per
 piece (t the step count after this step), as torch's Adam does on the host. The random stream is a function
@@ -40,7 +51,10 @@ import torch
 
 from . import reference
 
-__all__ = ["adam_blockwise_", "f32"]
+__all__ = ["adam_blockwise_", "f32", "SCORE_KINDS", "block_score_sums"]
+
+# score kinds of the op's ``score`` argument (0: the op computes no sums)
+SCORE_KINDS = {"relative": 1, "robust": 2, "absolute": 3}
 
 
 def f32(x: float) -> float:
@@ -67,9 +81,41 @@ def _encode_into(x: torch.Tensor, qmap: torch.Tensor, block_size: int, stochasti
     absmax.copy_(a)
 
 
+def _halving_sums(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Per block of ``x`` (fp32, zero-padded to whole blocks): its sum by halving, the order the kernels take."""
+    n = x.numel()
+    nb = -(-n // block_size)
+    t = torch.zeros(nb * block_size, dtype=torch.float32)
+    t[:n] = x
+    t = t.view(nb, block_size)
+    h = block_size
+    while h > 1:
+        h //= 2
+        t = t[:, :h] + t[:, h:2 * h]
+    return t[:, 0]
+
+
+def block_score_sums(kind: int, w0: torch.Tensor, w1: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The (3, blocks) score sums of a piece (the module docstring) from its weights before and after, fp32."""
+    d = w1 - w0
+    nb = -(-w0.numel() // block_size)
+    out = torch.zeros(3, nb, dtype=torch.float32)
+    if kind == SCORE_KINDS["relative"]:
+        k, a = (w0 != 0).to(torch.float32), d.abs()
+        out[0] = _halving_sums((a * k) / (w0.abs() + (1.0 - k)), block_size)
+        out[1], out[2] = _halving_sums(k, block_size), _halving_sums(a, block_size)
+    elif kind == SCORE_KINDS["robust"]:
+        out[0], out[1] = _halving_sums(d * d, block_size), _halving_sums(w0 * w0, block_size)
+    else:
+        out[0] = _halving_sums(d.abs(), block_size)
+        out[1] = _halving_sums(torch.ones_like(w0), block_size)
+    return out
+
+
 def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,
                     bc2_sqrts, beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool,
-                    block_size: int, stochastic: bool, seeds, offsets, round_weights: bool) -> None:
+                    block_size: int, stochastic: bool, seeds, offsets, round_weights: bool, score_sums=(),
+                    score: int = 0) -> None:
     b1c, b2, b2c = f32(1.0 - beta1), f32(beta2), f32(1.0 - beta2)
     eps, wd = f32(eps), f32(weight_decay)
     for j, p in enumerate(params):
@@ -82,6 +128,7 @@ def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m,
         v = s * s
         g = grads[j].reshape(-1).to(torch.float32)
         w = flat.to(torch.float32)
+        w0 = w.clone() if score else w   # (w is the param itself when it is fp32)
         if wd != 0.0:
             if decoupled:
                 w = w * f32(decays[j])
@@ -96,6 +143,8 @@ def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m,
             flat.copy_(reference.round_stochastic_from(w, flat.dtype, int(seeds[3 * j + 2]), int(offsets[j])))
         else:
             flat.copy_(w.to(flat.dtype))
+        if score and score_sums[j].numel():
+            score_sums[j].copy_(block_score_sums(score, w0, flat.to(torch.float32), block_size))
         start = int(offsets[j])
         _encode_into(m, qmap_m, block_size, stochastic, int(seeds[3 * j]), start, m_codes[j], m_absmax[j])
         _encode_into(_sqrt(v.clamp_min(0)), qmap_v, block_size, stochastic, int(seeds[3 * j + 1]), start,

@@ -368,11 +368,31 @@ def op_dequantize_blockwise(codes, absmax, qmap, block_size, shape, dtype) -> No
                          f"{absmax.numel()}; {fix}")
 
 
+def _op_score_sums(op, params, score_sums, score, block_size) -> None:
+    if score not in (0, 1, 2, 3):
+        raise ValueError(f"slimfit::{op}: score must be 0 (none), 1 (relative), 2 (robust) or 3 (absolute), got "
+                         f"{score}")
+    if not score:
+        if len(score_sums):
+            raise ValueError(f"slimfit::{op}: score_sums given with score 0; pass a score kind, or no sums")
+        return
+    if len(score_sums) != len(params):
+        raise ValueError(f"slimfit::{op}: score_sums has {len(score_sums)} entries for {len(params)} params; pass one "
+                         "per piece (an empty tensor for a piece not scored)")
+    for j, (p, s) in enumerate(zip(params, score_sums)):
+        nb = num_groups(p.numel(), block_size)
+        if s.numel() and (s.dtype != torch.float32 or tuple(s.shape) != (3, nb) or not s.is_contiguous()
+                          or s.device != p.device):
+            raise ValueError(f"slimfit::{op}: score_sums[{j}] must be empty or a contiguous float32 (3, {nb}) on "
+                             f"{p.device}, got {s.dtype} of shape {tuple(s.shape)} on {s.device}")
+
+
 def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,
                        bc2_sqrts, beta1, beta2, eps, weight_decay, decoupled, block_size, stochastic, seeds, offsets,
-                       round_weights) -> None:
+                       round_weights, score_sums=(), score=0) -> None:
     """Every list one entry per piece (seeds three), each piece a contiguous float tensor whose gradient has
-    its size, its moments 8-bit codes (one byte an element) and fp32 block maxima of that size, on one device."""
+    its size, its moments 8-bit codes (one byte an element) and fp32 block maxima of that size, on one device;
+    with a score kind, score_sums one entry per piece, each empty or a contiguous fp32 (3, blocks)."""
     op = "adam_blockwise_"
     n = len(params)
     lists = {"grads": grads, "m_codes": m_codes, "m_absmax": m_absmax, "v_codes": v_codes, "v_absmax": v_absmax,
@@ -384,6 +404,7 @@ def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap
         raise ValueError(f"slimfit::{op}: seeds has {len(seeds)} entries for {n} params; pass three per piece "
                          "(first moment, second moment, weight rounding)")
     _op_block_size(op, block_size)
+    _op_score_sums(op, params, score_sums, score, block_size)
     for name, qmap in (("qmap_m", qmap_m), ("qmap_v", qmap_v)):
         _op_qmap(op, qmap)
         if qmap.numel() != 256:

@@ -79,7 +79,7 @@ def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool
         qmaps.on_device("signed", 8, items[0][0]), qmaps.on_device("unsigned", 8, items[0][0]),
         lists["ss"], lists["dec"], lists["bc2"], beta1, beta2, float(group["eps"]), wd,
         bool(group.get("decoupled_weight_decay", False)), block_size, stochastic, lists["seeds"], lists["off"],
-        round_weights)
+        round_weights, [], 0)
 
 
 def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batches, watched, observer, holder,

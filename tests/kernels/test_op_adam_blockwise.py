@@ -25,7 +25,7 @@ def _call(sizes, dtype, grad_dtype, *, block_size=128, stochastic=True, round_we
     return [params, grads, [c for c, _ in m], [a for _, a in m], [c for c, _ in v], [a for _, a in v], qm, qv,
             [lr / (1 - 0.9 ** t)] * k, [1 - lr * weight_decay] * k, [math.sqrt(1 - 0.999 ** t)] * k, 0.9, 0.999,
             1e-8, weight_decay, decoupled, block_size, stochastic, list(range(100, 100 + 3 * k)),
-            offsets if offsets is not None else [0] * k, round_weights]
+            offsets if offsets is not None else [0] * k, round_weights, [], 0]
 
 
 def _clone(args):
@@ -132,3 +132,76 @@ def test_nan_inf_and_zero_blocks_are_coded_as_the_reference_codes_them(stochasti
     reference_adam.adam_blockwise_(*want)
     for a, b in zip(_outputs(got), _outputs(want)):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _scored(args, kind: int, scored=None):
+    """args with score sums for the pieces in ``scored`` (all by default) and score kind ``kind``."""
+    bs = args[16]
+    scored = range(len(args[0])) if scored is None else scored
+    args[21] = [torch.full((3, -(-p.numel() // bs)), -1.0) if j in scored else torch.zeros(0)
+                for j, p in enumerate(args[0])]
+    args[22] = kind
+    return args
+
+
+@native
+@pytest.mark.parametrize("kind", [1, 2, 3], ids=["relative", "robust", "absolute"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["fp32", "bf16", "fp16"])
+def test_the_cpu_kernels_score_sums_are_its_reference_bit_for_bit(kind, dtype):
+    """Scored and unscored pieces in one call, zeros and a NaN among the old weights: the C++ kernel's block sums
+    are the reference's bits, and scoring changes nothing else the op writes."""
+    args = _scored(_call([300, 1, 5000, 130], dtype, dtype, block_size=64, offsets=[0, 5, 2**32 - 256, 9]), kind,
+                   scored={0, 1, 2})
+    args[0][0][:70] = 0.0                    # a block and a bit of zero weights
+    args[0][2][17] = float("nan")
+    got, want, plain = _clone(args), _clone(args), _clone(args)
+    plain[21], plain[22] = [], 0
+    torch.ops.slimfit.adam_blockwise_(*got)
+    reference_adam.adam_blockwise_(*want)
+    torch.ops.slimfit.adam_blockwise_(*plain)
+    for a, b in zip(got[21], want[21]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for a, b in zip(_outputs(got), _outputs(plain)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert got[21][3].numel() == 0 and torch.isnan(got[21][2][:, 0]).any()
+
+
+@pytest.mark.parametrize("kind,name", [(1, "relative"), (2, "robust"), (3, "absolute")])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
+def test_the_score_sums_give_the_schedulers_score_of_the_move(kind, name, dtype):
+    """The sums over a piece's blocks give scores.py's score of (weights before, weights as stored after), with
+    zero old weights left out of the relative score, to fp32 rounding."""
+    from slimfit.scheduler import scores
+
+    args = _scored(_call([1000], dtype, dtype), kind)
+    args[0][0][:150] = 0.0
+    old = args[0][0].clone()
+    reference_adam.adam_blockwise_(*args)
+    s = args[21][0].double().sum(1)
+    new = args[0][0]
+    if name == "relative":
+        keep = old != 0
+        want = ((new.double() - old.double())[keep] / old.double()[keep]).abs().mean()
+        got = s[0] / s[1]
+        assert s[1] == keep.sum() and torch.isclose(s[2], (new.double() - old.double()).abs().sum(), rtol=1e-5)
+    elif name == "robust":
+        want, got = torch.tensor(scores.robust_scores_naive(old.double(), new.double())), s[0].sqrt() / s[1].sqrt()
+    else:
+        want, got = torch.tensor(scores.absolute_scores_naive(old.double(), new.double())), s[0] / s[1]
+    assert torch.isclose(got, want.double(), rtol=1e-5), (got, want)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda a: a.__setitem__(22, 4), "score must be"),
+    (lambda a: a.__setitem__(21, []), "score_sums"),
+    (lambda a: a.__setitem__(21, [torch.zeros(3, 2)]), r"score_sums\[0\]"),
+    (lambda a: a.__setitem__(21, [torch.zeros(3, 3, dtype=torch.float64)]), r"score_sums\[0\]"),
+], ids=["kind", "missing", "shape", "dtype"])
+def test_bad_score_arguments_are_refused_with_their_names(bad, match):
+    args = _scored(_call([300], F32, F32), 1)
+    bad(args)
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        torch.ops.slimfit.adam_blockwise_(*args)
+    with pytest.raises(ValueError, match=match):
+        from slimfit.kernels._ops import _checked
+        _checked("adam_blockwise_", reference_adam.adam_blockwise_)(*args)

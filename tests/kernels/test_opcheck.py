@@ -50,7 +50,7 @@ def _table():
 
 def _adam_blockwise_args():
     """Two pieces (fp32, bf16 with an fp32 gradient) of the held Adam step, moments coded as the held step codes
-    them."""
+    them, the first scored (relative)."""
     from slimfit.kernels import qmaps
 
     qm, qv = qmaps.MAPS["signed"](8), qmaps.MAPS["unsigned"](8)
@@ -61,7 +61,7 @@ def _adam_blockwise_args():
             [randn((300,), seed=6), randn((77,), seed=7)],
             [c for c, _ in m], [a for _, a in m], [c for c, _ in v], [a for _, a in v], qm, qv, [1e-3, 2e-3],
             [0.999, 0.998], [0.03, 0.04], 0.9, 0.999, 1e-8, 0.01, True, 64, True, [1, 2, 3, 4, 5, 6], [0, 2**33],
-            True)
+            True, [torch.zeros(3, 5), torch.zeros(0)], 1)
 
 
 TABLE = _table()

@@ -352,3 +352,19 @@ def test_adjacent_pieces_of_one_parameter(launches, monkeypatch, dtype):
         _assert_bits(got.cpu(), exp, name)
     (grid, kw), = launches
     assert kw["BLOCKS"] == 2 and grid == (6,)
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3], ids=["relative", "robust", "absolute"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_score_sums_match_reference(dtype, kind):
+    """Scored and unscored pieces in one call (zeros and a NaN among the old weights, a ragged last block): the
+    block sums are the reference's bits (both sum each block by halving), and the rest of the op is unchanged."""
+    args = list(_call([300, 130, 64], dtype, stochastic=True, round_weights=True, weight_decay=0.01, seed=40))
+    args[0][0][:70] = 0.0
+    args[0][1][3] = float("nan")
+    sums = [torch.full((3, -(-p.numel() // 128)), -1.0, device=DEVICE) for p in args[0][:2]]
+    args += [sums + [torch.zeros(0, device=DEVICE)], kind]
+    got, want = check(tuple(args))
+    for j in range(3):
+        _assert_bits(got[21][j].cpu().view(-1), want[21][j].view(-1), f"score_sums[{j}]")
+    assert torch.isnan(want[21][1]).any() and (want[21][0][1] >= 0).all()

@@ -75,14 +75,16 @@ NUM_WARPS = 8       # 8 elements a thread: 59-118 registers on sm_90 (ALIGN_ALL)
 
 W_FP32, W_BF16, W_FP16 = 0, 1, 2            # the weight's storage (bf16 through an int16 view of its bits)
 WD_NONE, WD_L2, WD_DECOUPLED = 0, 1, 2      # no weight decay, Adam's (on the gradient), AdamW's (on the weight)
+SCORE_NONE, SCORE_RELATIVE, SCORE_ROBUST, SCORE_ABSOLUTE = 0, 1, 2, 3   # the op's score kinds (reference_adam)
 _W_KINDS = {torch.float32: W_FP32, torch.bfloat16: W_BF16, torch.float16: W_FP16}   # the gradient's too
 
 # a piece's row of the table, FIELDS int64 entries: the data addresses of its weight, gradient, m codes, m maxima,
 # v codes and v maxima; its element count and the random-index offset of its first element; fp32 bits (in the
 # low 32 bits) of its step size, decay and bc2_sqrt; its seed keys k0 | k1 << 32 for the m codes, the v codes
-# and the weight's rounding; two spare entries (a row is 128 bytes)
+# and the weight's rounding; the address of its (3, blocks) score sums (0: not scored); one spare entry (a row is
+# 128 bytes)
 F_P, F_G, F_MC, F_MA, F_VC, F_VA = (tl.constexpr(k) for k in range(6))
-F_N, F_OFFSET, F_STEP, F_DECAY, F_BC2, F_KM, F_KS, F_KW = (tl.constexpr(k) for k in range(6, 14))
+F_N, F_OFFSET, F_STEP, F_DECAY, F_BC2, F_KM, F_KS, F_KW, F_SUMS = (tl.constexpr(k) for k in range(6, 15))
 FIELDS = tl.constexpr(16)
 ALIGN_ANY, ALIGN_PTRS, ALIGN_ALL = 0, 1, 2  # what a launch may assume of its pieces (the module docstring)
 ALIGN_BYTES = 16                             # bytes of an aligned address (elements of an aligned count)
@@ -269,9 +271,10 @@ def _adam_step(w, g, m, v, step_size, decay, bc2_sqrt, b1c, b2, b2c, eps, wd, WD
 @triton.jit
 def _store_weight(p_ptr, ptrs, valid, w, idx, kw0, kw1, W_KIND: tl.constexpr, ROUND_WEIGHTS: tl.constexpr):
     """Store the new weights in their storage: fp32 as is; bf16 and fp16 rounded to nearest, or stochastically
-    (ROUND_WEIGHTS) from the draws at indices idx of the weight's keys."""
+    (ROUND_WEIGHTS) from the draws at indices idx of the weight's keys. Returns the weights as stored, in fp32."""
     if W_KIND == 0:
         tl.store(p_ptr + ptrs, w, mask=valid)
+        stored = w
     elif W_KIND == 1:
         b = w.to(tl.uint32, bitcast=True)
         if ROUND_WEIGHTS:
@@ -279,12 +282,56 @@ def _store_weight(p_ptr, ptrs, valid, w, idx, kw0, kw1, W_KIND: tl.constexpr, RO
         else:
             h = _bf16_bits_nearest(b)
         tl.store(p_ptr + ptrs, h.to(tl.uint16).to(tl.int16, bitcast=True), mask=valid)
+        stored = (h << 16).to(tl.float32, bitcast=True)
     else:
         if ROUND_WEIGHTS:
             h16 = fp16_stochastic(w, _rng.uniform(idx, kw0, kw1))
         else:
             h16 = w.to(tl.float16)
         tl.store(p_ptr + ptrs, h16, mask=valid)
+        stored = h16.to(tl.float32)
+    return stored
+
+
+@triton.jit
+def _halving_sum(t, BLOCKS: tl.constexpr, BLOCK_SIZE: tl.constexpr, LOG2_BLOCK: tl.constexpr):
+    """Per row of the [BLOCKS, BLOCK_SIZE] tile t: its sum by halving (the second half added to the first until
+    one value is left), the reference's order, so the sums are its bits."""
+    for i in tl.static_range(LOG2_BLOCK):
+        a, b = tl.split(tl.permute(tl.reshape(t, [BLOCKS, 2, BLOCK_SIZE >> (i + 1)]), [0, 2, 1]))
+        t = a + b
+    return tl.reshape(t, [BLOCKS])
+
+
+@triton.jit
+def _score(w0, w1, valid, row, n, block, bvalid, SCORE: tl.constexpr, BLOCKS: tl.constexpr,
+           BLOCK_SIZE: tl.constexpr, LOG2_BLOCK: tl.constexpr):
+    """The tile's blocks' score sums (reference_adam.block_score_sums) into the piece's (3, blocks) sums, when its
+    row names any (address 0: not scored)."""
+    addr = tl.load(row + F_SUMS)
+    sums_ptr = addr.to(tl.pointer_type(tl.float32))
+    nb = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
+    smask = bvalid & ((block * 0 + addr) != 0)   # (a [BLOCKS] mask: the interpreter refuses a scalar one here)
+    d = w1 - w0
+    zero = tl.zeros_like(d)
+    if SCORE == 1:
+        k = tl.where(w0 != 0.0, 1.0, 0.0)
+        a = tl.abs(d)
+        r0 = _halving_sum(tl.where(valid, tl.math.div_rn(a * k, tl.abs(w0) + (1.0 - k)), zero), BLOCKS, BLOCK_SIZE,
+                          LOG2_BLOCK)
+        r1 = _halving_sum(tl.where(valid, k, zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+        r2 = _halving_sum(tl.where(valid, a, zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+    elif SCORE == 2:
+        r0 = _halving_sum(tl.where(valid, d * d, zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+        r1 = _halving_sum(tl.where(valid, w0 * w0, zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+        r2 = tl.zeros([BLOCKS], tl.float32)
+    else:
+        r0 = _halving_sum(tl.where(valid, tl.abs(d), zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+        r1 = _halving_sum(tl.where(valid, 1.0, zero), BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
+        r2 = tl.zeros([BLOCKS], tl.float32)
+    tl.store(sums_ptr + block, r0, mask=smask)
+    tl.store(sums_ptr + nb + block, r1, mask=smask)
+    tl.store(sums_ptr + 2 * nb + block, r2, mask=smask)
 
 
 @triton.jit(do_not_specialize=["work_start"])
@@ -294,6 +341,7 @@ def _adam_blockwise_kernel(
     b1c, b2, b2c, eps, wd,
     W_KIND: tl.constexpr, G_KIND: tl.constexpr, WD_MODE: tl.constexpr, ROUND_WEIGHTS: tl.constexpr,
     STOCHASTIC: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCKS: tl.constexpr, ALIGN: tl.constexpr,
+    SCORE: tl.constexpr, LOG2_BLOCK: tl.constexpr,
 ):
     """One program: decode the moments of its tile of its work entry's piece, step, store the weights, encode the
     moments again (the module docstring)."""
@@ -304,11 +352,13 @@ def _adam_blockwise_kernel(
 
     m, v = _decode_moments(mc_ptr, ma_ptr, vc_ptr, va_ptr, qm_ptr, qv_ptr, ptrs, valid, block, bvalid)
     g = _load_f32(g_ptr, ptrs, valid, G_KIND)
-    w = _load_f32(p_ptr, ptrs, valid, W_KIND)
-    w, m, v = _adam_step(w, g, m, v, step_size, decay, bc2_sqrt, b1c, b2, b2c, eps, wd, WD_MODE)
+    w0 = _load_f32(p_ptr, ptrs, valid, W_KIND)
+    w, m, v = _adam_step(w0, g, m, v, step_size, decay, bc2_sqrt, b1c, b2, b2c, eps, wd, WD_MODE)
 
     idx = offset + ptrs            # the element's index in its parameter: its random draws
-    _store_weight(p_ptr, ptrs, valid, w, idx, kw0, kw1, W_KIND, ROUND_WEIGHTS)
+    w1 = _store_weight(p_ptr, ptrs, valid, w, idx, kw0, kw1, W_KIND, ROUND_WEIGHTS)
+    if SCORE != 0:
+        _score(w0, w1, valid, row, n, block, bvalid, SCORE, BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
 
     # encode m, and s = sqrt(max(v, 0)) (NaN stays NaN)
     _encode(m, valid, idx, mc_ptr, ma_ptr, ptrs, block, bvalid, qm_ptr, mid_m_ptr, gaps_m_ptr, km0, km1, STOCHASTIC)
@@ -323,7 +373,8 @@ def kernel_signature() -> dict:
             "mid_v_ptr": "*fp32", "gaps_m_ptr": "*fp32", "gaps_v_ptr": "*fp32", "b1c": "fp32", "b2": "fp32",
             "b2c": "fp32", "eps": "fp32", "wd": "fp32", "W_KIND": "constexpr", "G_KIND": "constexpr",
             "WD_MODE": "constexpr", "ROUND_WEIGHTS": "constexpr", "STOCHASTIC": "constexpr",
-            "BLOCK_SIZE": "constexpr", "BLOCKS": "constexpr", "ALIGN": "constexpr"}
+            "BLOCK_SIZE": "constexpr", "BLOCKS": "constexpr", "ALIGN": "constexpr", "SCORE": "constexpr",
+            "LOG2_BLOCK": "constexpr"}
 
 
 def _f32_bits(values) -> np.ndarray:
@@ -408,7 +459,7 @@ def _pieces(live, params, grads, m_codes, m_absmax, v_codes, v_absmax, block_siz
     return addresses, counts, groups, keep
 
 
-def _rows(live, addresses, counts, offsets, step_sizes, decays, bc2_sqrts, seeds) -> np.ndarray:
+def _rows(live, addresses, counts, offsets, step_sizes, decays, bc2_sqrts, seeds, score_sums) -> np.ndarray:
     """The table's rows, FIELDS entries per non-empty piece (`live`), as the module docstring lays them out."""
     rows = np.zeros((len(live), FIELDS.value), dtype=np.int64)
     rows[:, F_P.value:F_VA.value + 1] = np.asarray(addresses, dtype=np.int64).reshape(len(live), 6)
@@ -418,6 +469,8 @@ def _rows(live, addresses, counts, offsets, step_sizes, decays, bc2_sqrts, seeds
     rows[:, F_DECAY.value] = _f32_bits([decays[j] for j in live])
     rows[:, F_BC2.value] = _f32_bits([bc2_sqrts[j] for j in live])
     rows[:, F_KM.value:F_KW.value + 1] = _key_pairs([seeds[3 * j + k] for j in live for k in range(3)]).reshape(-1, 3)
+    if len(score_sums):
+        rows[:, F_SUMS.value] = [score_sums[j].data_ptr() if score_sums[j].numel() else 0 for j in live]
     return rows
 
 
@@ -442,21 +495,22 @@ def _table(rows: np.ndarray, parts, device: torch.device) -> torch.Tensor:
     return table
 
 
-def _launch_group(table, launch, tables, scalars, wd_mode: int, round_weights, stochastic, block_size: int) -> None:
+def _launch_group(table, launch, tables, scalars, wd_mode: int, round_weights, stochastic, block_size: int,
+                  score: int) -> None:
     """One launch of the kernel over a group's work list (`launch` as `_group_launches` makes it)."""
     w_kind, g_kind, blocks, align, work_start, n_programs = launch
     _adam_blockwise_kernel[(n_programs,)](
         table, work_start, *tables, *scalars,
         W_KIND=w_kind, G_KIND=g_kind, WD_MODE=wd_mode,
         ROUND_WEIGHTS=bool(round_weights) and w_kind != W_FP32, STOCHASTIC=bool(stochastic),
-        BLOCK_SIZE=block_size, BLOCKS=blocks, ALIGN=align,
+        BLOCK_SIZE=block_size, BLOCKS=blocks, ALIGN=align, SCORE=score, LOG2_BLOCK=block_size.bit_length() - 1,
         num_warps=num_warps(blocks * block_size, align), enable_fp_fusion=False,
     )
 
 
 def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays,
                     bc2_sqrts, beta1, beta2, eps, weight_decay, decoupled, block_size, stochastic, seeds, offsets,
-                    round_weights) -> None:
+                    round_weights, score_sums=(), score=0) -> None:
     """The reference's op (reference_adam.adam_blockwise_), in place: one launch per (weight dtype, gradient
     dtype) among the non-empty pieces. Every piece's tensors contiguous (the op's checks, validation.py)."""
     live = [j for j, p in enumerate(params) if p.numel() > 0]
@@ -465,12 +519,13 @@ def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m,
     device = params[live[0]].device
     if device.type != "cpu" and _interpreting():
         # the interpreter reads the table's addresses on the host: step CPU copies, then write them back
-        lists = [[t.cpu() for t in ts] for ts in (params, grads, m_codes, m_absmax, v_codes, v_absmax)]
-        adam_blockwise_(*lists, qmap_m.cpu(), qmap_v.cpu(), step_sizes, decays, bc2_sqrts, beta1, beta2, eps,
-                        weight_decay, decoupled, block_size, stochastic, seeds, offsets, round_weights)
-        for dst, src in zip((params, m_codes, m_absmax, v_codes, v_absmax), (lists[0], *lists[2:])):
-            for j in live:
-                dst[j].copy_(src[j])
+        lists = [[t.cpu() for t in ts] for ts in (params, grads, m_codes, m_absmax, v_codes, v_absmax, score_sums)]
+        adam_blockwise_(*lists[:6], qmap_m.cpu(), qmap_v.cpu(), step_sizes, decays, bc2_sqrts, beta1, beta2, eps,
+                        weight_decay, decoupled, block_size, stochastic, seeds, offsets, round_weights, lists[6], score)
+        for dst, src in zip((params, m_codes, m_absmax, v_codes, v_absmax, score_sums), (lists[0], *lists[2:])):
+            for j in live if len(dst) else ():
+                if dst[j].numel():
+                    dst[j].copy_(src[j])
         return
 
     b1c, b2, b2c = fp32(1.0 - beta1), fp32(beta2), fp32(1.0 - beta2)
@@ -478,11 +533,12 @@ def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m,
     wd_mode = WD_NONE if wd == 0.0 else (WD_DECOUPLED if decoupled else WD_L2)
     tables = _codec_tables(qmap_m, qmap_v, stochastic)
     addresses, counts, groups, keep = _pieces(live, params, grads, m_codes, m_absmax, v_codes, v_absmax, block_size)
-    rows = _rows(live, addresses, counts, offsets, step_sizes, decays, bc2_sqrts, seeds)
+    rows = _rows(live, addresses, counts, offsets, step_sizes, decays, bc2_sqrts, seeds,
+                 score_sums if score else ())
     parts, launches = _group_launches(groups, block_size, rows.size)
     table = _table(rows, parts, device)
     with on_device(table):
         for launch in launches:
             _launch_group(table, launch, tables, (b1c, b2, b2c, eps, wd), wd_mode, round_weights, stochastic,
-                          block_size)
+                          block_size, score)
     del keep   # (the launches are enqueued: the caching allocator orders any reuse after them)
