@@ -7,7 +7,10 @@ pieces to one op instead (slimfit/kernels/reference_adam.py states its arithmeti
 a GPU): each element is read and written once, and nothing is allocated but the copies a scheduler reads.
 So the pieces need no bound for their temporaries: every piece of a call that no observer watches goes into
 one op, and a batch with watched pieces (their values before the update are copied for the scores) is its
-own op, as held_step's batches bound those copies.
+own op, as held_step's batches bound those copies. Off the CPU the op scores the watched pieces itself
+(``SCORES_IN_OP``): it sums each block's score of the move as it writes the weights, so a whole call is one
+op and the scheduler's sums two more (no copies, no per-batch score ops). On the CPU the scores keep the
+copies and the snapshot path's exact block order (scheduler/in_step.py).
 
 Its random streams are a function of (parameter, moment, step count, the element's index in the whole
 parameter): not of how pieces are cut or batched, so an FSDP2 shard's moments and weights are coded as the
@@ -23,12 +26,16 @@ import torch
 
 import slimfit.kernels  # noqa: F401  (registers torch.ops.slimfit.adam_blockwise_)
 from slimfit.kernels import qmaps
+from slimfit.kernels.reference_adam import SCORE_KINDS
 
 from .keys import Q8
 
 __all__ = ["fusable", "step_fused"]
 
 _KEYS = ("exp_avg", "exp_avg_sq")
+# Where the op sums the watched pieces' scores itself: "device" (pieces off the CPU), "always" (the CPU too:
+# what the tests run the device path with), "never" (copies for every observer).
+SCORES_IN_OP = "device"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -56,8 +63,9 @@ def fusable(optimizer, group, states, params) -> bool:
     return len(formats) == 1   # one block size and one rounding for every entry of the call
 
 
-def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool) -> None:
-    """One op over ``items``: (piece, grad piece, m entry, v entry, start, lr, step t, seeds, offset)."""
+def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool, sums=(), score: int = 0) -> None:
+    """One op over ``items``: (piece, grad piece, m entry, v entry, start, lr, step t, seeds, offset); ``sums``: a
+    (3, blocks) tensor per item to score it into (empty: not scored), with the score kind ``score``."""
     beta1, beta2 = (float(b) for b in group["betas"])
     wd = float(group["weight_decay"])
     lists = {k: [] for k in ("p", "g", "mc", "ma", "vc", "va", "ss", "dec", "bc2", "seeds", "off")}
@@ -79,7 +87,28 @@ def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool
         qmaps.on_device("signed", 8, items[0][0]), qmaps.on_device("unsigned", 8, items[0][0]),
         lists["ss"], lists["dec"], lists["bc2"], beta1, beta2, float(group["eps"]), wd,
         bool(group.get("decoupled_weight_decay", False)), block_size, stochastic, lists["seeds"], lists["off"],
-        round_weights, [], 0)
+        round_weights, list(sums), score)
+
+
+def _scored_in_op(observer, piece) -> int:
+    """The op's score kind for a watched piece whose sums the op takes (0: the observer copies it instead)."""
+    if SCORES_IN_OP == "never" or getattr(observer, "block_sums", None) is None:
+        return 0
+    if SCORES_IN_OP == "device" and piece.device.type == "cpu":
+        return 0
+    return SCORE_KINDS[observer.score_kind()]
+
+
+def _sums_buffers(items, scored, block_size: int) -> list:
+    """Per item, a (3, blocks) view of one new buffer for the scored ones (``scored``: their indices), an empty
+    view for the others: one allocation for the call."""
+    nbs = [-(-items[j][0].numel() // block_size) if j in scored else 0 for j in range(len(items))]
+    buf = torch.empty(3 * sum(nbs), dtype=torch.float32, device=items[0][0].device)
+    out, at = [], 0
+    for nb in nbs:
+        out.append(buf[at:at + 3 * nb].view(3, nb))
+        at += 3 * nb
+    return out
 
 
 def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batches, watched, observer, holder,
@@ -105,15 +134,22 @@ def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batc
                 a, float(group["lr"]) * factor, numbers[i] + 1, seeds(i), starts[i] + a)
 
     pending: dict = {}
+    in_op = {i: _scored_in_op(observer, pieces_of[i]) for i in range(len(params)) if watched[i]}
+    score = max(in_op.values(), default=0)
     for factor, batch in batches:
-        if not any(watched[i] for i, _, _ in batch):
+        if all(not watched[i] or in_op[i] for i, _, _ in batch):
             for i, a, b in batch:
-                pending.setdefault(pieces_of[i].device, []).append(item(i, a, b, factor))
+                pending.setdefault(pieces_of[i].device, []).append((item(i, a, b, factor), i, a))
             continue
         items = [item(i, a, b, factor) for i, a, b in batch]
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
         olds = dict(zip(seen, copies([items[j][0] for j in seen])))
         _launch(group, items, block_size, stochastic, round_weights)
         report(observer, [(params[batch[j][0]], batch[j][1], old, items[j][0]) for j, old in olds.items()])
-    for items in pending.values():
-        _launch(group, items, block_size, stochastic, round_weights)
+    for entries in pending.values():
+        items = [e for e, _, _ in entries]
+        scored = {j for j, (_, i, _) in enumerate(entries) if watched[i]}
+        sums = _sums_buffers(items, scored, block_size) if scored else ()
+        _launch(group, items, block_size, stochastic, round_weights, sums, score if scored else 0)
+        if scored:
+            observer.block_sums([(params[entries[j][1]], sums[j], items[j][0].numel()) for j in sorted(scored)])

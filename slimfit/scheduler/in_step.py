@@ -7,7 +7,9 @@ taken a piece at a time (slimfit.optim.ChunkedStep, attached by default through
 them to the layer's running sums (scores.BlockSums) right after the piece's update, so no snapshot is made.
 On the CPU the score is the snapshot path's bit for bit (the same blocks, in the same order; tested);
 elsewhere the sums of a call's pieces are computed together on the device (a few multi-tensor ops) and read
-to the host once, when the scores are taken; they equal the snapshot path's up to rounding.
+to the host once, when the scores are taken; they equal the snapshot path's up to rounding. There the
+chunked step's fused held step (slimfit/optim/fused_held_step.py) has its op sum each block's score as it
+writes the weights (``block_sums``): no copy of the old weights at all.
 
 With ``update_scale="share"`` the observer also names each trained layer's catch-up factor (``lr_factor``): the
 chunked step runs that layer's update at the group's learning rate times the factor, so the stretched update
@@ -64,6 +66,16 @@ class InStepScores:
         sched, i = self._layer(p)
         return 1.0 if i is None else sched._coming_factor(i)
 
+    def _sums_of(self, p):
+        """The running score sums of ``p``'s layer (made at its first piece), or None: not a trained layer."""
+        sched, i = self._layer(p)
+        if i is None:
+            return None
+        sums = sched._sums.get(i)
+        if sums is None:
+            sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
+        return sums
+
     def piece(self, p, start: int, old, new) -> None:
         self.pieces([(p, start, old, new)])
 
@@ -73,17 +85,27 @@ class InStepScores:
         small ones on the host too (add_host_together, the same sums as one at a time)."""
         on_device, on_host = [], []
         for p, _, old, new in items:
-            sched, i = self._layer(p)
-            if i is None:
-                continue
-            sums = sched._sums.get(i)
-            if sums is None:
-                sums = sched._sums[i] = BlockSums(sched.config.effective_score, p.dtype, host=p.device.type == "cpu")
-            (on_host if sums.host else on_device).append((sums, old, new))
+            sums = self._sums_of(p)
+            if sums is not None:
+                (on_host if sums.host else on_device).append((sums, old, new))
         if on_host:
             add_host_together(on_host)
         if on_device:
             BlockSums.add_together(on_device)
+
+    def score_kind(self) -> str:
+        """The score the scheduler ranks by (scores.SCORES): what an op that scores the pieces itself sums."""
+        sched = self._scheduler()
+        return "relative" if sched is None else sched.config.effective_score
+
+    def block_sums(self, items) -> None:
+        """Pieces the optimizer's op scored itself (slimfit::adam_blockwise_ with score sums): (p, block_sums,
+        numel) each, added to the layers' sums together (BlockSums.add_block_sums_together), no copy of the
+        old weights made."""
+        taken = [(sums, block_sums, n) for sums, block_sums, n in ((self._sums_of(p), b, n) for p, b, n in items)
+                 if sums is not None]
+        if taken:
+            BlockSums.add_block_sums_together(taken)
 
     def left_to_optimizer(self, params) -> None:
         sched = self._scheduler()

@@ -386,6 +386,15 @@ class BlockSums:
         for j, (sm, _, _) in enumerate(items):
             sm._pending.append((batch, j))
 
+    @staticmethod
+    def add_block_sums_together(items) -> None:
+        """Each (sums, block_sums, numel) in ``items`` (one kind): a piece's (3, blocks) sums as
+        slimfit::adam_blockwise_ takes them while it steps the piece (reference_adam.block_score_sums), added
+        to the layer's sums as ``add_together`` adds a piece (two ops for all, read with the other device sums)."""
+        batch = DeviceBatch.of_block_sums(items[0][0].kind, [(b, n) for _, b, n in items])
+        for j, (sm, _, _) in enumerate(items):
+            sm._pending.append((batch, j))
+
     def sums(self) -> list[float]:
         """[total, count, moved] (what a mid-step checkpoint saves; ``restore`` puts them back)."""
         pending, self._pending = self._pending, []
@@ -478,6 +487,18 @@ class DeviceBatch:
         self._vals = torch.stack([t for part in parts for t in part])
         _UNREAD.append(weakref.ref(self))
 
+    @classmethod
+    def of_block_sums(cls, kind: str, pieces) -> "DeviceBatch":
+        """The batch of pieces whose per-block sums are made already: (block_sums, numel) each, block_sums the
+        (3, blocks) rows (total, count, moved) of the kind. Each row's sum over its blocks is its norm-1 (every
+        entry is >= 0, or NaN): one multi-tensor op for all, in float64."""
+        self = cls.__new__(cls)
+        self.kind, self._host, self.numels = kind, None, [float(n) for _, n in pieces]
+        rows = [b[r] for r in range(3) for b, _ in pieces]
+        self._vals = torch.stack(torch._foreach_norm(rows, 1, dtype=torch.float64))
+        _UNREAD.append(weakref.ref(self))
+        return self
+
     def part(self, j: int) -> tuple:
         """(total, count, moved) of piece ``j``, as host numbers."""
         if self._host is None:
@@ -502,7 +523,8 @@ def _read_unread() -> None:
     for b in batches:
         by_device.setdefault(b._vals.device, []).append(b)
     for same in by_device.values():
-        values = torch.cat([b._vals for b in same]).tolist() if len(same) > 1 else same[0]._vals.tolist()
+        # one copy to the host, then numbers (a device tensor's tolist reads it an element at a time)
+        values = (torch.cat([b._vals for b in same]) if len(same) > 1 else same[0]._vals).cpu().tolist()
         at = 0
         for b in same:
             n = b._vals.numel()

@@ -21,10 +21,10 @@ CEILINGS = {
     ("cpu", "bert-tiny", "slimfit-full-state"): dict(forward=93, backward=148, optimizer=88, scheduler=29),
     ("cpu", "llama-tiny", "slimfit"): dict(forward=180, backward=142, optimizer=9, scheduler=29),
     ("cpu", "llama-tiny", "slimfit-full-state"): dict(forward=180, backward=142, optimizer=44, scheduler=29),
-    ("fake-cuda", "bert-tiny", "slimfit"): dict(optimizer=16, scheduler=12),
-    ("fake-cuda", "bert-tiny", "slimfit-full-state"): dict(optimizer=30, scheduler=12),
-    ("fake-cuda", "llama-tiny", "slimfit"): dict(optimizer=16, scheduler=12),
-    ("fake-cuda", "llama-tiny", "slimfit-full-state"): dict(optimizer=30, scheduler=12),
+    ("fake-cuda", "bert-tiny", "slimfit"): dict(optimizer=4, scheduler=1),
+    ("fake-cuda", "bert-tiny", "slimfit-full-state"): dict(optimizer=30, scheduler=1),
+    ("fake-cuda", "llama-tiny", "slimfit"): dict(optimizer=4, scheduler=1),
+    ("fake-cuda", "llama-tiny", "slimfit-full-state"): dict(optimizer=30, scheduler=1),
 }
 
 

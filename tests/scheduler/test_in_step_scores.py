@@ -247,3 +247,39 @@ def test_device_sums_of_a_step_are_read_to_the_host_together(kind):
             sums.value()   # read one call at a time
         alone.append(sums.value())
     assert [first] + [s.value() for s in together[1:]] == alone
+
+
+@pytest.mark.parametrize("score", ["relative", "robust", "absolute"])
+def test_held_moments_scored_inside_the_op_match_the_copies(score, monkeypatch):
+    """Every moment held (the default's compress_all, stepped by slimfit::adam_blockwise_): the op summing each
+    block's score as it writes the weights (what runs off the CPU; SCORES_IN_OP="always" runs it here) gives the
+    scores of the copies' path to float rounding (its own summation order), the same frozen sets and weights, with
+    no copy of a weight and fewer ops in the optimizer step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from slimfit.optim import fused_held_step
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    runs = {}
+    for mode in ("never", "always"):
+        monkeypatch.setattr(fused_held_step, "SCORES_IN_OP", mode)
+        copies = []
+        monkeypatch.setattr("slimfit.optim.held_step.copies", lambda pieces, _c=copies: _c.append(1) or
+                            [t.clone() for t in pieces])
+        Count.n = 0
+        with Count():
+            runs[mode] = _run(BLOCK_NUMEL, score=score, frozen_state="compress_all")
+        runs[mode] += (len(copies), Count.n)
+    (never, _, _, m1, copied, ops_never), (always, snaps, sched, m2, none, ops_always) = runs["never"], runs["always"]
+    assert copied > 0 and none == 0 and all(n == 0 for n in snaps)
+    for (sa, fa), (sb, fb) in zip(never, always):
+        torch.testing.assert_close(sb, sa, rtol=2e-5, atol=0)
+        assert fa == fb
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert ops_always < ops_never
