@@ -1,4 +1,4 @@
-// CPU kernel of slimfit::adam_blockwise_: one Adam/AdamW step of pieces whose moments are held as 8-bit
+// CPU kernel of slimfit::adam_blockwise_: one Adam/AdamW step of pieces whose moments are held as 8- or 4-bit
 // block-wise dynamic codes, decoded, stepped and encoded again in one pass over each block.
 //
 // Bit-exact with slimfit/kernels/reference_adam.py (the specification; its docstring states the formulas):
@@ -31,7 +31,7 @@ namespace {
 
 constexpr int64_t kMaxBlock = 4096;
 constexpr int64_t kGrainElements = 32768;  // elements per parallel task (as quantize_blockwise.cpp)
-constexpr int kLevels = 256;
+constexpr int kMaxLevels = 256;  // 8-bit codes; 4-bit codes have 16 levels, two to a byte (low nibble first)
 enum Score : int64_t { kNone = 0, kRelative = 1, kRobust = 2, kAbsolute = 3 };
 
 // The scalars of one call (fp32, as the reference rounds them) and one piece's.
@@ -103,18 +103,30 @@ void words(int64_t idx0, int64_t len, rng::SeedKeys k, uint32_t* w) {
   });
 }
 
-// The codes and absmax of x[0, len) (the block's new moment), as slimfit::quantize_blockwise codes a block.
-void encode_block(const cpu::MapTables<kLevels>& m, const float* x, int64_t len, bool stochastic, int64_t idx0,
-                  rng::SeedKeys k, float* noise, uint8_t* codes, float* absmax) {
+// The codes and absmax of x[0, len) (the block's new moment), as slimfit::quantize_blockwise codes a block:
+// `codes` is the block's first byte; 4-bit codes go through `cbuf` and are packed two to a byte.
+template <int BITS>
+void encode_block(const cpu::MapTables<(1 << BITS)>& m, const float* x, int64_t len, bool stochastic, int64_t idx0,
+                  rng::SeedKeys k, float* noise, uint8_t* cbuf, uint8_t* codes, float* absmax) {
+  constexpr int L = 1 << BITS;
   const float a = cpu::block_absmax(x, len);
   const float inv = a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
   *absmax = a;
+  uint8_t* out = BITS == 8 ? codes : cbuf;
   if (stochastic) {
     uniforms(idx0, len, k, noise);
-    cpu::stochastic_span<kLevels>(m.lv, m.g, x, noise, inv, len, codes);
+    cpu::stochastic_span<L>(m.lv, m.g, x, noise, inv, len, out);
   } else {
-    cpu::code_span<kLevels>(m.mid, x, inv, len, codes);
+    cpu::code_span<L>(m.mid, x, inv, len, out);
   }
+  if (BITS != 8) cpu::pack_block<BITS>(cbuf, len, codes);
+}
+
+// The level index of element j of a block whose codes start at byte `codes`.
+template <int BITS>
+inline int code_at(const uint8_t* codes, int64_t j) {
+  if (BITS == 8) return codes[j];
+  return (codes[j >> 1] >> ((j & 1) * 4)) & 0xF;
 }
 
 template <typename T>
@@ -135,9 +147,9 @@ void store_weights(const float* w, int64_t len, const Hyper& h, const Piece& pc,
   }
 }
 
-template <typename T, typename G>
+template <int BITS, typename T, typename G>
 void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va, int64_t n,
-                const cpu::MapTables<kLevels>& tm, const cpu::MapTables<kLevels>& tv, const Hyper& h,
+                const cpu::MapTables<(1 << BITS)>& tm, const cpu::MapTables<(1 << BITS)>& tv, const Hyper& h,
                 const Piece& pc) {
   const int64_t bs = h.block_size;
   const int64_t nb = (n + bs - 1) / bs;
@@ -150,6 +162,7 @@ void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va
     alignas(64) float noise[kMaxBlock];
     alignas(64) uint32_t wbits[kMaxBlock];
     alignas(64) float w0[kMaxBlock];
+    alignas(64) uint8_t cbuf[kMaxBlock];
     const bool scored = pc.sums != nullptr;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t start = b * bs;
@@ -158,9 +171,11 @@ void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va
       cpu::load_f32(g + start, gr, len);
       if (scored) std::copy(w, w + len, w0);
       const float am = ma[b], av = va[b];
+      uint8_t* mcb = mc + start * BITS / 8;  // the block's first code byte (blocks start on a byte)
+      uint8_t* vcb = vc + start * BITS / 8;
       for (int64_t j = 0; j < len; ++j) {
-        m[j] = tm.lv[mc[start + j]] * am;
-        const float s = tv.lv[vc[start + j]] * av;
+        m[j] = tm.lv[code_at<BITS>(mcb, j)] * am;
+        const float s = tv.lv[code_at<BITS>(vcb, j)] * av;
         v[j] = s * s;
       }
       if (h.wd != 0.0f) {
@@ -183,42 +198,79 @@ void step_piece(T* p, const G* g, uint8_t* mc, float* ma, uint8_t* vc, float* va
         cpu::load_f32(p + start, w, len);  // the weight as stored (its rounding included)
         score_block(h.score, w0, w, noise, len, bs, pc.sums, nb, b);
       }
-      encode_block(tm, m, len, h.stochastic, idx0, pc.km, noise, mc + start, ma + b);
+      encode_block<BITS>(tm, m, len, h.stochastic, idx0, pc.km, noise, cbuf, mcb, ma + b);
       for (int64_t j = 0; j < len; ++j) v[j] = std::sqrt(v[j] < 0.0f ? 0.0f : v[j]);  // NaN stays NaN
-      encode_block(tv, v, len, h.stochastic, idx0, pc.kv, noise, vc + start, va + b);
+      encode_block<BITS>(tv, v, len, h.stochastic, idx0, pc.kv, noise, cbuf, vcb, va + b);
     }
   });
 }
 
-template <typename T>
+template <int BITS, typename T>
 void step_piece_grad(const at::Tensor& p, const at::Tensor& g, uint8_t* mc, float* ma, uint8_t* vc, float* va,
-                     const cpu::MapTables<kLevels>& tm, const cpu::MapTables<kLevels>& tv, const Hyper& h,
+                     const cpu::MapTables<(1 << BITS)>& tm, const cpu::MapTables<(1 << BITS)>& tv, const Hyper& h,
                      const Piece& pc) {
   T* pp = reinterpret_cast<T*>(p.data_ptr());
   const int64_t n = p.numel();
   switch (g.scalar_type()) {
-    case at::kFloat: step_piece<T, float>(pp, g.const_data_ptr<float>(), mc, ma, vc, va, n, tm, tv, h, pc); break;
+    case at::kFloat:
+      step_piece<BITS, T, float>(pp, g.const_data_ptr<float>(), mc, ma, vc, va, n, tm, tv, h, pc);
+      break;
     case at::kHalf:
-      step_piece<T, c10::Half>(pp, g.const_data_ptr<c10::Half>(), mc, ma, vc, va, n, tm, tv, h, pc);
+      step_piece<BITS, T, c10::Half>(pp, g.const_data_ptr<c10::Half>(), mc, ma, vc, va, n, tm, tv, h, pc);
       break;
     default:
-      step_piece<T, c10::BFloat16>(pp, g.const_data_ptr<c10::BFloat16>(), mc, ma, vc, va, n, tm, tv, h, pc);
+      step_piece<BITS, T, c10::BFloat16>(pp, g.const_data_ptr<c10::BFloat16>(), mc, ma, vc, va, n, tm, tv, h, pc);
       break;
   }
 }
 
 bool is_float(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-void check_map(const at::Tensor& qmap, const char* name) {
+void check_map(const at::Tensor& qmap, const char* name, int64_t levels) {
   TORCH_CHECK(qmap.device().is_cpu() && qmap.scalar_type() == at::kFloat && qmap.dim() == 1 &&
-                  qmap.numel() == kLevels,
-              "slimfit::adam_blockwise_: ", name, " must be a 1-D float32 CPU tensor of 256 levels (8-bit codes), "
-              "got ", qmap.scalar_type(), " of shape ", qmap.sizes(), " on ", qmap.device());
+                  qmap.numel() == levels && (levels == 16 || levels == kMaxLevels),
+              "slimfit::adam_blockwise_: ", name, " must be a 1-D float32 CPU tensor of 16 or 256 levels (4- or "
+              "8-bit codes), the same for both moments; got ", qmap.scalar_type(), " of shape ", qmap.sizes(),
+              " on ", qmap.device());
   const at::Tensor q = qmap.contiguous();
   const float* lv = q.const_data_ptr<float>();
   bool ok = std::isfinite(lv[0]);
-  for (int i = 1; i < kLevels; ++i) ok = ok && std::isfinite(lv[i]) && lv[i] > lv[i - 1];
+  for (int64_t i = 1; i < levels; ++i) ok = ok && std::isfinite(lv[i]) && lv[i] > lv[i - 1];
   TORCH_CHECK(ok, "slimfit::adam_blockwise_: ", name, " must be finite and strictly increasing (a sorted map)");
+}
+
+// Every non-empty piece of a checked call stepped with the maps' tables (BITS: the code width).
+template <int BITS>
+void step_all(at::TensorList params, at::TensorList grads, at::TensorList m_codes, at::TensorList m_absmax,
+              at::TensorList v_codes, at::TensorList v_absmax, const at::Tensor& qmap_m, const at::Tensor& qmap_v,
+              at::ArrayRef<double> step_sizes, at::ArrayRef<double> decays, at::ArrayRef<double> bc2_sqrts,
+              at::IntArrayRef seeds, at::IntArrayRef offsets, at::TensorList score_sums, const Hyper& h) {
+  constexpr int L = 1 << BITS;
+  cpu::MapTables<L> tm, tv;
+  cpu::fill_tables<L>(qmap_m.contiguous().const_data_ptr<float>(), tm);
+  cpu::fill_tables<L>(qmap_v.contiguous().const_data_ptr<float>(), tv);
+  for (size_t j = 0; j < params.size(); ++j) {
+    const at::Tensor& p = params[j];
+    if (p.numel() == 0) continue;
+    Piece pc;
+    pc.step_size = static_cast<float>(step_sizes[j]);
+    pc.decay = static_cast<float>(decays[j]);
+    pc.bc2_sqrt = static_cast<float>(bc2_sqrts[j]);
+    pc.km = rng::seed_keys(seeds[3 * j]);
+    pc.kv = rng::seed_keys(seeds[3 * j + 1]);
+    pc.kw = rng::seed_keys(seeds[3 * j + 2]);
+    pc.offset = offsets[j];
+    pc.sums = h.score != kNone && score_sums[j].numel() != 0 ? score_sums[j].data_ptr<float>() : nullptr;
+    uint8_t* mc = m_codes[j].data_ptr<uint8_t>();
+    uint8_t* vc = v_codes[j].data_ptr<uint8_t>();
+    float* ma = m_absmax[j].data_ptr<float>();
+    float* va = v_absmax[j].data_ptr<float>();
+    switch (p.scalar_type()) {
+      case at::kFloat: step_piece_grad<BITS, float>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
+      case at::kHalf: step_piece_grad<BITS, c10::Half>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
+      default: step_piece_grad<BITS, c10::BFloat16>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
+    }
+  }
 }
 
 void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorList m_codes, at::TensorList m_absmax,
@@ -240,8 +292,9 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
   TORCH_CHECK(score == kNone ? score_sums.empty() : score_sums.size() == n, op,
               ": score_sums needs one entry per piece with a score kind (an empty tensor: not scored), none "
               "without; got ", score_sums.size(), " for ", n, " params and score ", score);
-  check_map(qmap_m, "qmap_m");
-  check_map(qmap_v, "qmap_v");
+  check_map(qmap_m, "qmap_m", qmap_m.numel());
+  check_map(qmap_v, "qmap_v", qmap_m.numel());
+  const int bits = qmap_m.numel() == 16 ? 4 : 8;
   for (size_t j = 0; j < n; ++j) {
     const at::Tensor& p = params[j];
     const int64_t k = p.numel();
@@ -262,9 +315,11 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
                   op, ": score_sums[", j, "] must be empty or a contiguous float32 (3, ", nb, ") on the CPU, got ",
                   sj.scalar_type(), " of shape ", sj.sizes());
     }
-    TORCH_CHECK(m_codes[j].scalar_type() == at::kByte && m_codes[j].numel() == k && v_codes[j].scalar_type() == at::kByte &&
-                    v_codes[j].numel() == k,
-                op, ": the codes of piece ", j, " must be uint8, one per element (", k, ")");
+    const int64_t bytes = bits == 8 ? k : (k + 1) / 2;
+    TORCH_CHECK(m_codes[j].scalar_type() == at::kByte && m_codes[j].numel() == bytes &&
+                    v_codes[j].scalar_type() == at::kByte && v_codes[j].numel() == bytes,
+                op, ": the codes of piece ", j, " must be uint8, its ", k, " elements' ", bits, "-bit codes (", bytes,
+                " bytes)");
     TORCH_CHECK(m_absmax[j].scalar_type() == at::kFloat && m_absmax[j].numel() == nb &&
                     v_absmax[j].scalar_type() == at::kFloat && v_absmax[j].numel() == nb,
                 op, ": the block maxima of piece ", j, " must be float32, one per block (", nb, ")");
@@ -280,30 +335,12 @@ void adam_blockwise_cpu(at::TensorList params, at::TensorList grads, at::TensorL
   h.round_weights = round_weights;
   h.block_size = block_size;
   h.score = score;
-  cpu::MapTables<kLevels> tm, tv;
-  cpu::fill_tables<kLevels>(qmap_m.contiguous().const_data_ptr<float>(), tm);
-  cpu::fill_tables<kLevels>(qmap_v.contiguous().const_data_ptr<float>(), tv);
-  for (size_t j = 0; j < n; ++j) {
-    const at::Tensor& p = params[j];
-    if (p.numel() == 0) continue;
-    Piece pc;
-    pc.step_size = static_cast<float>(step_sizes[j]);
-    pc.decay = static_cast<float>(decays[j]);
-    pc.bc2_sqrt = static_cast<float>(bc2_sqrts[j]);
-    pc.km = rng::seed_keys(seeds[3 * j]);
-    pc.kv = rng::seed_keys(seeds[3 * j + 1]);
-    pc.kw = rng::seed_keys(seeds[3 * j + 2]);
-    pc.offset = offsets[j];
-    pc.sums = score != kNone && score_sums[j].numel() != 0 ? score_sums[j].data_ptr<float>() : nullptr;
-    uint8_t* mc = m_codes[j].data_ptr<uint8_t>();
-    uint8_t* vc = v_codes[j].data_ptr<uint8_t>();
-    float* ma = m_absmax[j].data_ptr<float>();
-    float* va = v_absmax[j].data_ptr<float>();
-    switch (p.scalar_type()) {
-      case at::kFloat: step_piece_grad<float>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
-      case at::kHalf: step_piece_grad<c10::Half>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
-      default: step_piece_grad<c10::BFloat16>(p, grads[j], mc, ma, vc, va, tm, tv, h, pc); break;
-    }
+  if (bits == 4) {
+    step_all<4>(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays, bc2_sqrts,
+                seeds, offsets, score_sums, h);
+  } else {
+    step_all<8>(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m, qmap_v, step_sizes, decays, bc2_sqrts,
+                seeds, offsets, score_sums, h);
   }
 }
 

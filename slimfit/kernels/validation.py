@@ -391,7 +391,8 @@ def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap
                        bc2_sqrts, beta1, beta2, eps, weight_decay, decoupled, block_size, stochastic, seeds, offsets,
                        round_weights, score_sums=(), score=0) -> None:
     """Every list one entry per piece (seeds three), each piece a contiguous float tensor whose gradient has
-    its size, its moments 8-bit codes (one byte an element) and fp32 block maxima of that size, on one device;
+    its size, its moments 8- or 4-bit codes (one or half a byte an element, as the maps' 256 or 16 levels say) and
+    fp32 block maxima of that size, on one device;
     with a score kind, score_sums one entry per piece, each empty or a contiguous fp32 (3, blocks)."""
     op = "adam_blockwise_"
     n = len(params)
@@ -405,10 +406,12 @@ def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap
                          "(first moment, second moment, weight rounding)")
     _op_block_size(op, block_size)
     _op_score_sums(op, params, score_sums, score, block_size)
-    for name, qmap in (("qmap_m", qmap_m), ("qmap_v", qmap_v)):
+    for qmap in (qmap_m, qmap_v):
         _op_qmap(op, qmap)
-        if qmap.numel() != 256:
-            raise ValueError(f"slimfit::{op}: {name} must have 256 levels (8-bit codes), got {qmap.numel()}")
+        if qmap.numel() != qmap_m.numel():
+            raise ValueError(f"slimfit::{op}: qmap_m has {qmap_m.numel()} levels and qmap_v {qmap_v.numel()}; "
+                             "both moments take one code width (16 levels: 4 bits, 256: 8 bits)")
+    bits = blockwise_bits(qmap_m)
     for j in range(n):
         p, g = params[j], grads[j]
         _op_float(op, "params", p)
@@ -421,9 +424,10 @@ def op_adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap
         if g.numel() != k:
             raise ValueError(f"slimfit::{op}: grads[{j}] has {g.numel()} elements, its param {k}")
         for name, codes, absmax in (("m", m_codes[j], m_absmax[j]), ("v", v_codes[j], v_absmax[j])):
-            if codes.dtype != torch.uint8 or codes.numel() != k:
-                raise ValueError(f"slimfit::{op}: {name}_codes[{j}] must be uint8 with one code per element ({k}), "
-                                 f"got {codes.dtype} of {codes.numel()}")
+            if codes.dtype != torch.uint8 or codes.numel() != packed_code_bytes(k, bits):
+                raise ValueError(f"slimfit::{op}: {name}_codes[{j}] must be uint8 with the {bits}-bit codes of its "
+                                 f"{k} elements ({packed_code_bytes(k, bits)} bytes), got {codes.dtype} of "
+                                 f"{codes.numel()}")
             if absmax.dtype != torch.float32 or absmax.numel() != num_groups(k, block_size):
                 raise ValueError(f"slimfit::{op}: {name}_absmax[{j}] must be float32 with one maximum per block "
                                  f"({num_groups(k, block_size)}), got {absmax.dtype} of {absmax.numel()}")

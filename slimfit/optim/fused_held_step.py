@@ -1,8 +1,8 @@
-"""The held step in one kernel: pieces whose moments are 8-bit dynamic codes, stepped by slimfit::adam_blockwise_.
+"""The held step in one kernel: pieces whose moments are 8- or 4-bit dynamic codes, stepped by slimfit::adam_blockwise_.
 
 held_step.step_held otherwise decodes a call's moments, runs torch's multi-tensor Adam on them and encodes
 them back: about thirty ops a call and two fp32 temporaries of the call's size. Where every held entry is
-the default code (block-wise dynamic, 8 bits) and the group is a plain Adam/AdamW, this module hands the
+a block-wise dynamic code (8 bits, the default, or 4) and the group is a plain Adam/AdamW, this module hands the
 pieces to one op instead (slimfit/kernels/reference_adam.py states its arithmetic; C++ on the CPU, Triton on
 a GPU): each element is read and written once, and nothing is allocated but the copies a scheduler reads.
 So the pieces need no bound for their temporaries: every piece of a call that no observer watches goes into
@@ -17,8 +17,8 @@ parameter): not of how pieces are cut or batched, so an FSDP2 shard's moments an
 whole parameter's would be at any world size (held_step's streams run on from a call's first piece).
 
 Left to held_step (``fusable`` is False): amsgrad, maximize, capturable or differentiable groups, a
-GradScaler's scale on the optimizer, a tensor learning rate, 4-bit or linear codes, and entries whose block
-sizes or roundings differ.
+GradScaler's scale on the optimizer, a tensor learning rate, linear codes, and entries whose block sizes,
+roundings or code widths differ.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _entry_ok(entry: dict, sqrt: bool) -> bool:
-    return (bool(entry.get("dynamic", False)) and int(entry.get("bits", 0)) == 8 and bool(entry["sqrt"]) == sqrt
+    return (bool(entry.get("dynamic", False)) and int(entry.get("bits", 0)) in (4, 8) and bool(entry["sqrt"]) == sqrt
             and entry["codes"].dtype == torch.uint8)
 
 
@@ -59,23 +59,26 @@ def fusable(optimizer, group, states, params) -> bool:
         m, v = st.get("exp_avg" + Q8), st.get("exp_avg_sq" + Q8)
         if m is None or v is None or not (_entry_ok(m, False) and _entry_ok(v, True)):
             return False
-        formats |= {(int(e["group_size"]), bool(e.get("stochastic"))) for e in (m, v)}
-    return len(formats) == 1   # one block size and one rounding for every entry of the call
+        formats |= {(int(e["group_size"]), bool(e.get("stochastic")), int(e["bits"])) for e in (m, v)}
+    return len(formats) == 1   # one block size, rounding and code width for every entry of the call
 
 
-def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool, sums=(), score: int = 0) -> None:
+def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool, sums=(), score: int = 0,
+            bits: int = 8) -> None:
     """One op over ``items``: (piece, grad piece, m entry, v entry, start, lr, step t, seeds, offset); ``sums``: a
     (3, blocks) tensor per item to score it into (empty: not scored), with the score kind ``score``."""
     beta1, beta2 = (float(b) for b in group["betas"])
     wd = float(group["weight_decay"])
     lists = {k: [] for k in ("p", "g", "mc", "ma", "vc", "va", "ss", "dec", "bc2", "seeds", "off")}
+    per = 8 // bits   # codes a byte (a piece starts at a block boundary: on a byte)
     for piece, grad, m, v, a, lr, t, seeds, offset in items:
         b, e = a // block_size, -(-(a + piece.numel()) // block_size)
+        c0, c1 = a // per, -(-(a + piece.numel()) // per)
         lists["p"].append(piece)
         lists["g"].append(grad)
-        lists["mc"].append(m["codes"].view(-1)[a:a + piece.numel()])
+        lists["mc"].append(m["codes"].view(-1)[c0:c1])
         lists["ma"].append(m["absmax"][b:e])
-        lists["vc"].append(v["codes"].view(-1)[a:a + piece.numel()])
+        lists["vc"].append(v["codes"].view(-1)[c0:c1])
         lists["va"].append(v["absmax"][b:e])
         lists["ss"].append(lr / (1.0 - beta1 ** t))
         lists["dec"].append(1.0 - lr * wd)
@@ -84,7 +87,7 @@ def _launch(group, items, block_size: int, stochastic: bool, round_weights: bool
         lists["off"].append(offset)
     torch.ops.slimfit.adam_blockwise_(
         lists["p"], lists["g"], lists["mc"], lists["ma"], lists["vc"], lists["va"],
-        qmaps.on_device("signed", 8, items[0][0]), qmaps.on_device("unsigned", 8, items[0][0]),
+        qmaps.on_device("signed", bits, items[0][0]), qmaps.on_device("unsigned", bits, items[0][0]),
         lists["ss"], lists["dec"], lists["bc2"], beta1, beta2, float(group["eps"]), wd,
         bool(group.get("decoupled_weight_decay", False)), block_size, stochastic, lists["seeds"], lists["off"],
         round_weights, list(sums), score)
@@ -118,6 +121,7 @@ def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batc
     Step counts move by one each; gradients are left to the caller."""
     first = states[0]["exp_avg" + Q8]
     block_size, stochastic = int(first["group_size"]), bool(first.get("stochastic", False))
+    bits = int(first["bits"])
     round_weights = rounding is not None
     seeds_of: dict = {}
 
@@ -144,12 +148,12 @@ def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batc
         items = [item(i, a, b, factor) for i, a, b in batch]
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
         olds = dict(zip(seen, copies([items[j][0] for j in seen])))
-        _launch(group, items, block_size, stochastic, round_weights)
+        _launch(group, items, block_size, stochastic, round_weights, bits=bits)
         report(observer, [(params[batch[j][0]], batch[j][1], old, items[j][0]) for j, old in olds.items()])
     for entries in pending.values():
         items = [e for e, _, _ in entries]
         scored = {j for j, (_, i, _) in enumerate(entries) if watched[i]}
         sums = _sums_buffers(items, scored, block_size) if scored else ()
-        _launch(group, items, block_size, stochastic, round_weights, sums, score if scored else 0)
+        _launch(group, items, block_size, stochastic, round_weights, sums, score if scored else 0, bits)
         if scored:
             observer.block_sums([(params[entries[j][1]], sums[j], items[j][0].numel()) for j in sorted(scored)])

@@ -14,9 +14,9 @@ native = pytest.mark.skipif(backend_info()["cpu"] != "native (C++)", reason="the
 
 
 def _call(sizes, dtype, grad_dtype, *, block_size=128, stochastic=True, round_weights=True, weight_decay=0.01,
-          decoupled=True, offsets=None, seed=0, t=5):
+          decoupled=True, offsets=None, seed=0, t=5, bits=8):
     g = torch.Generator().manual_seed(seed)
-    qm, qv = qmaps.on_device("signed", 8, torch.zeros(1)), qmaps.on_device("unsigned", 8, torch.zeros(1))
+    qm, qv = qmaps.on_device("signed", bits, torch.zeros(1)), qmaps.on_device("unsigned", bits, torch.zeros(1))
     params = [torch.randn(n, generator=g).to(dtype) for n in sizes]
     grads = [(torch.randn(n, generator=g) * 1e-2).to(grad_dtype) for n in sizes]
     m = [reference.quantize_blockwise(torch.randn(n, generator=g) * 1e-3, qm, block_size, True, 1) for n in sizes]
@@ -37,14 +37,16 @@ def _outputs(args):
 
 
 @native
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype,grad_dtype", [(F32, F32), (BF16, BF16), (F16, F16), (BF16, F32)],
                          ids=["fp32", "bf16", "fp16", "bf16-fp32grad"])
-def test_the_cpu_kernel_is_its_reference_bit_for_bit(dtype, grad_dtype):
+def test_the_cpu_kernel_is_its_reference_bit_for_bit(dtype, grad_dtype, bits):
+    """8- and 4-bit codes (two to a byte; pieces of odd length leave the last byte's high half zero)."""
     for stochastic, round_weights, decoupled, wd, bs in itertools.product(
             [True, False], [True, False], [True, False], [0.0, 0.01], [64, 128]):
-        args = _call([300, 1, 5000, 0], dtype, grad_dtype, block_size=bs, stochastic=stochastic,
+        args = _call([300, 1, 5001, 0], dtype, grad_dtype, block_size=bs, stochastic=stochastic,
                      round_weights=round_weights, weight_decay=wd, decoupled=decoupled,
-                     offsets=[0, 2**32 - 256, 2**33 + 512, 7])
+                     offsets=[0, 2**32 - 256, 2**33 + 512, 7], bits=bits)
         got, want = _clone(args), _clone(args)
         torch.ops.slimfit.adam_blockwise_(*got)
         reference_adam.adam_blockwise_(*want)
@@ -54,14 +56,15 @@ def test_the_cpu_kernel_is_its_reference_bit_for_bit(dtype, grad_dtype):
 
 
 @native
-def test_the_draws_follow_the_global_index_not_the_cut():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_draws_follow_the_global_index_not_the_cut(bits):
     """A piece cut in two at a block boundary, each half given its place in the whole (offsets), is stepped and
     coded exactly as the whole: what makes a sharded parameter's moments independent of the world size."""
-    whole = _call([1024], F32, F32, round_weights=True)
+    whole = _call([1024], F32, F32, round_weights=True, bits=bits)
     halves = _clone(whole)
     for k in (0, 1, 2, 3, 4, 5):
         t = halves[k][0]
-        cut = 512 if t.numel() == 1024 else 4   # blocks of 128: 4 maxima each side
+        cut = {1024: 512, 512: 256, 8: 4}[t.numel()]   # elements, 4-bit code bytes, blocks of 128
         halves[k] = [t[:cut], t[cut:]]
     halves[8], halves[9], halves[10] = whole[8] * 2, whole[9] * 2, whole[10] * 2
     halves[18], halves[19] = whole[18] * 2, [0, 512]

@@ -37,7 +37,7 @@ def _spread(n: int, scale: float, g: torch.Generator) -> torch.Tensor:
     return torch.randn(n, generator=g) * scale * 10.0 ** -(3 * torch.rand(n, generator=g))
 
 
-def _piece(n, dtype, grad_dtype, block_size, seed):
+def _piece(n, dtype, grad_dtype, block_size, seed, bits=8):
     """(param, grad, m_codes, m_absmax, v_codes, v_absmax) of one piece of n elements, the moments encoded as
     the held step encodes them (stochastic codes of m, and of sqrt(v))."""
     g = _gen(seed)
@@ -45,19 +45,20 @@ def _piece(n, dtype, grad_dtype, block_size, seed):
     grad = (torch.randn(n, generator=g) * 0.01).to(grad_dtype)
     m = _spread(n, 1e-2, g)
     v = _spread(n, 1e-2, g) ** 2
-    m_codes, m_absmax = reference.quantize_blockwise(m, qmaps.on_device("signed", 8, m), block_size, True, seed)
-    v_codes, v_absmax = reference.quantize_blockwise(v.sqrt(), qmaps.on_device("unsigned", 8, v), block_size, True,
-                                                     seed + 1)
+    m_codes, m_absmax = reference.quantize_blockwise(m, qmaps.on_device("signed", bits, m), block_size, True, seed)
+    v_codes, v_absmax = reference.quantize_blockwise(v.sqrt(), qmaps.on_device("unsigned", bits, v), block_size,
+                                                     True, seed + 1)
     return [t.to(DEVICE) for t in (param, grad, m_codes, m_absmax, v_codes, v_absmax)]
 
 
 def _call(sizes, dtype=F32, grad_dtype=None, block_size=128, stochastic=False, round_weights=False,
-          decoupled=True, weight_decay=0.0, offsets=None, seed=0, pieces=None):
+          decoupled=True, weight_decay=0.0, offsets=None, seed=0, pieces=None, bits=8):
     """Inputs of one call (a piece per size), step t = 3 + j for piece j, as the held step passes them."""
-    pieces = pieces or [_piece(n, dtype, grad_dtype or dtype, block_size, seed + 10 * j) for j, n in enumerate(sizes)]
+    pieces = pieces or [_piece(n, dtype, grad_dtype or dtype, block_size, seed + 10 * j, bits)
+                        for j, n in enumerate(sizes)]
     steps = [3 + j for j in range(len(pieces))]
     cols = [list(c) for c in zip(*pieces)]
-    return (*cols, qmaps.on_device("signed", 8, cols[0][0]), qmaps.on_device("unsigned", 8, cols[0][0]),
+    return (*cols, qmaps.on_device("signed", bits, cols[0][0]), qmaps.on_device("unsigned", bits, cols[0][0]),
             [LR / (1 - BETA1 ** t) for t in steps], [1 - LR * weight_decay for _ in steps],
             [math.sqrt(1 - BETA2 ** t) for t in steps], BETA1, BETA2, EPS, weight_decay, decoupled, block_size,
             stochastic, [seed + 1000 + k * (2**40 + 7) for k in range(3 * len(pieces))],
@@ -368,3 +369,18 @@ def test_score_sums_match_reference(dtype, kind):
     for j in range(3):
         _assert_bits(got[21][j].cpu().view(-1), want[21][j].view(-1), f"score_sums[{j}]")
     assert torch.isnan(want[21][1]).any() and (want[21][0][1] >= 0).all()
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_four_bit_codes_match_reference(dtype, stochastic):
+    """4-bit codes (16 levels, two to a byte, the low half first): pieces of odd length (the last byte's high half
+    stays zero), blocks of 64 and 128, scored too, bit for bit."""
+    for bs in (64, 128):
+        args = list(_call([301, 130, 1, 64], dtype, block_size=bs, stochastic=stochastic, round_weights=True,
+                          weight_decay=0.01, offsets=[0, 2**32 - 64, 7, 9], seed=50, bits=4))
+        args += [[torch.full((3, -(-p.numel() // bs)), -1.0, device=DEVICE) for p in args[0]], 1]
+        got, want = check(tuple(args))
+        for j in range(4):
+            _assert_bits(got[21][j].cpu().view(-1), want[21][j].view(-1), f"score_sums[{j}]")
+        assert int(want[2][0][-1]) >> 4 == 0 and int(want[4][0][-1]) >> 4 == 0

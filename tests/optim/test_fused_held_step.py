@@ -30,11 +30,12 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _setup(chunk=1024, stochastic=True, dtype=torch.float32, rounding="nearest", amsgrad=False, seed=0):
+def _setup(chunk=1024, stochastic=True, dtype=torch.float32, rounding="nearest", amsgrad=False, seed=0, bits=8):
     model = build(seed).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, amsgrad=amsgrad)
     step = ChunkedStep(opt, chunk_numel=chunk, weight_rounding=rounding, seed=seed)
-    holder = FrozenState(opt, "compress", between_steps=True, seed=seed, code="dynamic", bits=8, stochastic=stochastic)
+    holder = FrozenState(opt, "compress", between_steps=True, seed=seed, code="dynamic", bits=bits,
+                         stochastic=stochastic)
     return model, opt, (step, holder)
 
 
@@ -73,26 +74,28 @@ def test_one_step_is_the_unfused_rounds_to_fp32_rounding(monkeypatch):
     assert differ < 0.01
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype,rounding", [(torch.float32, "nearest"), (torch.bfloat16, "stochastic")])
-def test_the_cut_into_pieces_changes_no_bit(dtype, rounding):
+def test_the_cut_into_pieces_changes_no_bit(dtype, rounding, bits):
     """Pieces of 128 or of 4096 elements: the same weights and entries after five steps, bit for bit (the draws
     are of each element's place in its parameter; the unfused round's stream runs on from a call's first piece)."""
     runs = []
     for chunk in (128, 4096):
-        model, opt, _keep = _setup(chunk=chunk, dtype=dtype, rounding=rounding)
+        model, opt, _keep = _setup(chunk=chunk, dtype=dtype, rounding=rounding, bits=bits)
         _train(model, opt, 5)
         runs.append(([p.detach().clone() for p in model.parameters()], _entries(opt)))
     for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype,rounding", [(torch.float32, "nearest"), (torch.bfloat16, "stochastic")])
-def test_it_trains_as_the_unfused_round_does(dtype, rounding, monkeypatch):
+def test_it_trains_as_the_unfused_round_does(dtype, rounding, bits, monkeypatch):
     """Thirty steps on one batch: the fused run's loss falls as the unfused run's, within twice the spread of
     the unfused runs over three seeds of the held codes' rounding."""
     def final(seed, fused):
         monkeypatch.setattr(held_step, "FUSED", fused)
-        model, opt, _keep = _setup(dtype=dtype, rounding=rounding, seed=seed)
+        model, opt, _keep = _setup(dtype=dtype, rounding=rounding, seed=seed, bits=bits)
         return _train(model, opt, 30, same_batch=True)
     fused = final(0, True)
     unfused = [final(s, False)[-1] for s in range(3)]
@@ -101,14 +104,15 @@ def test_it_trains_as_the_unfused_round_does(dtype, rounding, monkeypatch):
     assert min(unfused) - 2 * spread <= fused[-1] <= max(unfused) + 2 * spread
 
 
-def test_one_op_steps_a_call_and_nothing_is_decoded():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_one_op_steps_a_call_and_nothing_is_decoded(bits):
     """A step of the MLP's 12 held parameters (134 pieces of at most 1024) is three ops: the step counts read
     (one stack), one adam_blockwise_, the step counts moved (one foreach add); no dequantize or quantize. The
     unfused round takes tens of ops a call."""
     def count(fused):
         held_step.FUSED = fused
         try:
-            model, opt, _keep = _setup()
+            model, opt, _keep = _setup(bits=bits)
             _train(model, opt, 2)
             x, y = data(seed=9)
             loss_of(model, (x, y)).backward()

@@ -8,6 +8,8 @@ import torch.distributed as dist
 from _models import MLP, regression_data
 from _two_ranks import init_worker
 
+from slimfit.optim.keys import Q8
+
 
 def run(rank, world, port, outdir, steps):
     init_worker(rank, world, port)
@@ -135,21 +137,43 @@ def _body(rank, world, steps):
 
 
 def _held_invariance(base, steps):
-    """Every moment held 8-bit (the default code), stepped from the same whole gradients on the shards and in one
-    process, cut into pieces of 128 (the shards: every piece at most 100 elements, aligned up) and of 4096: per
-    parameter whose shards start at block boundaries, whether this rank's weights, codes and block maxima are
-    one process's slice of them bit for bit (the draws follow the global index, not the cut or the world size)."""
+    """Every moment held 8-bit (the default code) or 4-bit, stepped from the same whole gradients on the shards and
+    in one process, cut into pieces of 128 (the shards: every piece at most 100 elements, aligned up) and of 4096:
+    per parameter whose shards start at block boundaries and code width ("fc1.weight@4"), whether this rank's
+    weights, codes and block maxima are one process's slice of them bit for bit (the draws follow the global index,
+    not the cut or the world size)."""
+    from slimfit.optim.sharded_params import blocks_fixed, global_start
+
+    out = {}
+    for bits in (8, 4):
+        shards, opt_s, whole, opt_one, _keep = _held_runs(base, steps, bits)
+        for n, p in shards.items():
+            if not blocks_fixed(p, 128):
+                continue
+            local, q, start = p.detach().to_local().reshape(-1), whole[n], global_start(p)
+            same = torch.equal(local, q.detach().reshape(-1)[start:start + local.numel()])
+            per = 8 // bits
+            for key in ("exp_avg", "exp_avg_sq"):
+                e, e_one = opt_s.state[p][key + Q8], opt_one.state[q][key + Q8]
+                codes_one = e_one["codes"].view(-1)[start // per:-(-(start + local.numel()) // per)]
+                same = same and torch.equal(e["codes"].view(-1), codes_one)
+                same = same and torch.equal(e["absmax"], e_one["absmax"][start // 128:(start + local.numel()) // 128])
+            out[f"{n}@{bits}"] = same
+    return out
+
+
+def _held_runs(base, steps, bits):
+    """The sharded and the one-process runs of _held_invariance: (sharded params, its optimizer, whole params, its
+    optimizer, what keeps the steps attached)."""
     from torch.distributed.tensor import distribute_tensor
 
     from slimfit.optim import ChunkedStep, FrozenState
-    from slimfit.optim.keys import Q8
-    from slimfit.optim.sharded_params import blocks_fixed, global_start
 
     runs = {}
     for name, model, chunk in (("sharded", _sharded(copy.deepcopy(base)), 100), ("one", copy.deepcopy(base), 4096)):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         keep = (ChunkedStep(opt, chunk_numel=chunk),
-                FrozenState(opt, "compress", between_steps=True, seed=0, code="dynamic", bits=8, stochastic=True))
+                FrozenState(opt, "compress", between_steps=True, seed=0, code="dynamic", bits=bits, stochastic=True))
         g = torch.Generator().manual_seed(1)
         for _ in range(steps):
             for p in model.parameters():
@@ -158,19 +182,8 @@ def _held_invariance(base, steps):
             opt.step()
             opt.zero_grad()
         runs[name] = (dict(model.named_parameters()), opt, keep)
-    (shards, opt_s, _), (whole, opt_one, _) = runs["sharded"], runs["one"]
-    out = {}
-    for n, p in shards.items():
-        if not blocks_fixed(p, 128):
-            continue
-        local, q, start = p.detach().to_local().reshape(-1), whole[n], global_start(p)
-        same = torch.equal(local, q.detach().reshape(-1)[start:start + local.numel()])
-        for key in ("exp_avg", "exp_avg_sq"):
-            e, e_one = opt_s.state[p][key + Q8], opt_one.state[q][key + Q8]
-            same = same and torch.equal(e["codes"], e_one["codes"][start:start + local.numel()])
-            same = same and torch.equal(e["absmax"], e_one["absmax"][start // 128:(start + local.numel()) // 128])
-        out[n] = same
-    return out
+    (shards, opt_s, keep_s), (whole, opt_one, keep_one) = runs["sharded"], runs["one"]
+    return shards, opt_s, whole, opt_one, (keep_s, keep_one)
 
 
 def _portable_resume(model, opt, x, y):

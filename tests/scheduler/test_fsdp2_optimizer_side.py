@@ -95,10 +95,10 @@ def test_every_moment_held_8bit_per_shard_where_its_blocks_are_the_whole_paramet
 def test_held_moments_are_the_whole_parameters_bit_for_bit_on_every_rank(ranks):
     """From the same gradients, each rank's held weights, codes and block maxima are one process's slice of them,
     though the shards are cut into pieces of 128 and the one process into pieces of 4096 (#42: the held moments
-    decode the same at any world size)."""
+    decode the same at any world size), in the 8-bit code and the 4-bit one."""
     for r in ranks:
         inv = r["held_invariance"]
-        assert set(inv) == {"fc1.weight", "fc2.weight"}
+        assert set(inv) == {f"{n}@{bits}" for n in ("fc1.weight", "fc2.weight") for bits in (8, 4)}
         assert all(inv.values()), inv
 
 

@@ -276,7 +276,7 @@ def test_held_moments_scored_inside_the_op_match_the_copies(score, monkeypatch):
         with Count():
             runs[mode] = _run(BLOCK_NUMEL, score=score, frozen_state="compress_all")
         runs[mode] += (len(copies), Count.n)
-    (never, _, _, m1, copied, ops_never), (always, snaps, sched, m2, none, ops_always) = runs["never"], runs["always"]
+    (never, _, _, m1, copied, ops_never), (always, snaps, _, m2, none, ops_always) = runs["never"], runs["always"]
     assert copied > 0 and none == 0 and all(n == 0 for n in snaps)
     for (sa, fa), (sb, fb) in zip(never, always):
         torch.testing.assert_close(sb, sa, rtol=2e-5, atol=0)

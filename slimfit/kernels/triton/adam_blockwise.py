@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from .. import rng
-from ..validation import num_groups
+from ..validation import blockwise_bits, num_groups
 from . import _rng
 from ._common import fp32, on_device
 from .quantize import _nan_max
@@ -132,9 +132,9 @@ def _bf16_bits_stochastic(b, w):
 
 @triton.jit
 def _encode(x, valid, idx, codes_ptr, absmax_ptr, ptrs, block, bvalid, qmap_ptr, mid_ptr, gaps_ptr, k0, k1,
-            STOCHASTIC: tl.constexpr):
-    """Codes and block maxima of a [BLOCKS, BLOCK_SIZE] tile x (quantize_blockwise's, padding as 0)."""
-    BITS: tl.constexpr = 8    # one code a byte: both maps have 256 levels
+            STOCHASTIC: tl.constexpr, BITS: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Codes and block maxima of a [BLOCKS, BLOCK_SIZE] tile x (quantize_blockwise's, padding as 0): one code a
+    byte (BITS 8), or two (BITS 4: element 2i in the low half of byte i, a padding code as 0)."""
     x = tl.where(valid, x, 0.0)
     absmax = tl.reduce(tl.abs(x), 1, _nan_max)                                            # [B], NaN wins
     normal = absmax >= MIN_NORMAL          # zero, subnormal, NaN: inv = 0; inf: 1 / inf = 0
@@ -144,7 +144,14 @@ def _encode(x, valid, idx, codes_ptr, absmax_ptr, ptrs, block, bvalid, qmap_ptr,
         c = _stochastic_code(y, qmap_ptr, gaps_ptr, _rng.uniform(idx, k0, k1), BITS)
     else:
         c = _nearest_code(y, mid_ptr, BITS)
-    tl.store(codes_ptr + ptrs, c.to(tl.uint8), mask=valid)
+    if BITS == 8:
+        tl.store(codes_ptr + ptrs, c.to(tl.uint8), mask=valid)
+    else:
+        c = tl.where(valid, c, 0)
+        lo, hi = tl.split(tl.reshape(c, [BLOCKS, BLOCK_SIZE // 2, 2]))
+        lv, _ = tl.split(tl.reshape(valid, [BLOCKS, BLOCK_SIZE // 2, 2]))
+        bp, _ = tl.split(tl.reshape(ptrs, [BLOCKS, BLOCK_SIZE // 2, 2]))
+        tl.store(codes_ptr + bp // 2, (lo | (hi << 4)).to(tl.uint8), mask=lv)
     tl.store(absmax_ptr + block, absmax, mask=bvalid)
 
 
@@ -231,12 +238,22 @@ def _tile(first, n, BLOCK_SIZE: tl.constexpr, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _decode_moments(mc_ptr, ma_ptr, vc_ptr, va_ptr, qm_ptr, qv_ptr, ptrs, valid, block, bvalid):
+def _load_codes(c_ptr, ptrs, valid, BITS: tl.constexpr):
+    """The tile's level indices: a byte each (BITS 8), or half a byte (BITS 4, low half first)."""
+    if BITS == 8:
+        c = tl.load(c_ptr + ptrs, mask=valid, other=0).to(tl.int32)
+    else:
+        c = (tl.load(c_ptr + ptrs // 2, mask=valid, other=0).to(tl.int32) >> ((ptrs % 2) * 4).to(tl.int32)) & 15
+    return c
+
+
+@triton.jit
+def _decode_moments(mc_ptr, ma_ptr, vc_ptr, va_ptr, qm_ptr, qv_ptr, ptrs, valid, block, bvalid, BITS: tl.constexpr):
     """The tile's moments: m = qmap_m[code] * absmax, s = qmap_v[code] * absmax, v = s * s."""
     am = tl.load(ma_ptr + block, mask=bvalid, other=0.0)
     av = tl.load(va_ptr + block, mask=bvalid, other=0.0)
-    mc = tl.load(mc_ptr + ptrs, mask=valid, other=0).to(tl.int32)
-    vc = tl.load(vc_ptr + ptrs, mask=valid, other=0).to(tl.int32)
+    mc = _load_codes(mc_ptr, ptrs, valid, BITS)
+    vc = _load_codes(vc_ptr, ptrs, valid, BITS)
     m = tl.load(qm_ptr + mc) * am[:, None]
     s = tl.load(qv_ptr + vc) * av[:, None]
     v = s * s
@@ -341,7 +358,7 @@ def _adam_blockwise_kernel(
     b1c, b2, b2c, eps, wd,
     W_KIND: tl.constexpr, G_KIND: tl.constexpr, WD_MODE: tl.constexpr, ROUND_WEIGHTS: tl.constexpr,
     STOCHASTIC: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCKS: tl.constexpr, ALIGN: tl.constexpr,
-    SCORE: tl.constexpr, LOG2_BLOCK: tl.constexpr,
+    SCORE: tl.constexpr, LOG2_BLOCK: tl.constexpr, BITS: tl.constexpr,
 ):
     """One program: decode the moments of its tile of its work entry's piece, step, store the weights, encode the
     moments again (the module docstring)."""
@@ -350,7 +367,7 @@ def _adam_blockwise_kernel(
     step_size, decay, bc2_sqrt, km0, km1, ks0, ks1, kw0, kw1 = _piece_scalars(row)
     valid, ptrs, block, bvalid = _tile(first, n, BLOCK_SIZE, BLOCKS)
 
-    m, v = _decode_moments(mc_ptr, ma_ptr, vc_ptr, va_ptr, qm_ptr, qv_ptr, ptrs, valid, block, bvalid)
+    m, v = _decode_moments(mc_ptr, ma_ptr, vc_ptr, va_ptr, qm_ptr, qv_ptr, ptrs, valid, block, bvalid, BITS)
     g = _load_f32(g_ptr, ptrs, valid, G_KIND)
     w0 = _load_f32(p_ptr, ptrs, valid, W_KIND)
     w, m, v = _adam_step(w0, g, m, v, step_size, decay, bc2_sqrt, b1c, b2, b2c, eps, wd, WD_MODE)
@@ -361,9 +378,11 @@ def _adam_blockwise_kernel(
         _score(w0, w1, valid, row, n, block, bvalid, SCORE, BLOCKS, BLOCK_SIZE, LOG2_BLOCK)
 
     # encode m, and s = sqrt(max(v, 0)) (NaN stays NaN)
-    _encode(m, valid, idx, mc_ptr, ma_ptr, ptrs, block, bvalid, qm_ptr, mid_m_ptr, gaps_m_ptr, km0, km1, STOCHASTIC)
+    _encode(m, valid, idx, mc_ptr, ma_ptr, ptrs, block, bvalid, qm_ptr, mid_m_ptr, gaps_m_ptr, km0, km1, STOCHASTIC,
+            BITS, BLOCKS, BLOCK_SIZE)
     s = tl.math.sqrt_rn(tl.where(v < 0.0, 0.0, v))
-    _encode(s, valid, idx, vc_ptr, va_ptr, ptrs, block, bvalid, qv_ptr, mid_v_ptr, gaps_v_ptr, ks0, ks1, STOCHASTIC)
+    _encode(s, valid, idx, vc_ptr, va_ptr, ptrs, block, bvalid, qv_ptr, mid_v_ptr, gaps_v_ptr, ks0, ks1, STOCHASTIC,
+            BITS, BLOCKS, BLOCK_SIZE)
 
 
 def kernel_signature() -> dict:
@@ -374,7 +393,7 @@ def kernel_signature() -> dict:
             "b2c": "fp32", "eps": "fp32", "wd": "fp32", "W_KIND": "constexpr", "G_KIND": "constexpr",
             "WD_MODE": "constexpr", "ROUND_WEIGHTS": "constexpr", "STOCHASTIC": "constexpr",
             "BLOCK_SIZE": "constexpr", "BLOCKS": "constexpr", "ALIGN": "constexpr", "SCORE": "constexpr",
-            "LOG2_BLOCK": "constexpr"}
+            "LOG2_BLOCK": "constexpr", "BITS": "constexpr"}
 
 
 def _f32_bits(values) -> np.ndarray:
@@ -496,7 +515,7 @@ def _table(rows: np.ndarray, parts, device: torch.device) -> torch.Tensor:
 
 
 def _launch_group(table, launch, tables, scalars, wd_mode: int, round_weights, stochastic, block_size: int,
-                  score: int) -> None:
+                  score: int, bits: int) -> None:
     """One launch of the kernel over a group's work list (`launch` as `_group_launches` makes it)."""
     w_kind, g_kind, blocks, align, work_start, n_programs = launch
     _adam_blockwise_kernel[(n_programs,)](
@@ -504,6 +523,7 @@ def _launch_group(table, launch, tables, scalars, wd_mode: int, round_weights, s
         W_KIND=w_kind, G_KIND=g_kind, WD_MODE=wd_mode,
         ROUND_WEIGHTS=bool(round_weights) and w_kind != W_FP32, STOCHASTIC=bool(stochastic),
         BLOCK_SIZE=block_size, BLOCKS=blocks, ALIGN=align, SCORE=score, LOG2_BLOCK=block_size.bit_length() - 1,
+        BITS=bits,
         num_warps=num_warps(blocks * block_size, align), enable_fp_fusion=False,
     )
 
@@ -540,5 +560,5 @@ def adam_blockwise_(params, grads, m_codes, m_absmax, v_codes, v_absmax, qmap_m,
     with on_device(table):
         for launch in launches:
             _launch_group(table, launch, tables, (b1c, b2, b2c, eps, wd), wd_mode, round_weights, stochastic,
-                          block_size, score)
+                          block_size, score, blockwise_bits(qmap_m))
     del keep   # (the launches are enqueued: the caching allocator orders any reuse after them)
