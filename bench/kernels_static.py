@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -251,6 +252,7 @@ def _triton_variants(quick: bool):
                     num_warps=cfg.num_warps, elems=cfg.elements, loops=[], target=("dequantize", bits, False),
                 )
     yield from _blockwise_variants(quick, big, ptr, in_dtypes)
+    yield from _adam_variants(quick)
     # top-k prune: the chunking the launcher picks for each row length; 197 (ViT-B/16 tokens),
     # 768 (LayerNorm rows), 2048, 3000, 8192 (the longest row in one chunk), 16384 and 65536.
     row_lengths = (197, 768) if quick else (197, 768, 2048, 3000, 8192, 16384, 65536)
@@ -305,6 +307,26 @@ def _triton_variants(quick: bool):
                  "BLOCK": "constexpr"}, const={"BLOCK": rs.BLOCK},
             num_warps=rs.NUM_WARPS, elems=rs.BLOCK, loops=[], target=None,
         )
+
+
+def _adam_variants(quick: bool):
+    """The held Adam step (slimfit::adam_blockwise_): fp32 and bf16 weights (stochastic rounding), 8- and 4-bit
+    moments, stochastic codes, blocks of 128, AdamW's decay, without and with the scheduler's relative score sums;
+    the pieces' addresses and counts aligned (ALIGN_ALL, the usual case), and one variant assuming nothing."""
+    ab = importlib.import_module("slimfit.kernels.triton.adam_blockwise")
+    bs = 128
+    blocks = ab.blocks_per_program(bs, 1 << 20)
+    kinds = {"fp32": ab.W_FP32, "bf16": ab.W_BF16}
+    configs = [(w, bits, score, ab.ALIGN_ALL) for w in (("fp32",) if quick else ("fp32", "bf16"))
+               for bits in (8, 4) for score in (0, 1)] + [("bf16", 8, 1, ab.ALIGN_ANY)]
+    for w, bits, score, align in configs:
+        const = dict(W_KIND=kinds[w], G_KIND=kinds[w], WD_MODE=ab.WD_DECOUPLED, ROUND_WEIGHTS=w != "fp32",
+                     STOCHASTIC=True, BLOCK_SIZE=bs, BLOCKS=blocks, ALIGN=align, SCORE=score,
+                     LOG2_BLOCK=bs.bit_length() - 1, BITS=bits)
+        yield dict(kernel="adam_blockwise_", fn=ab._adam_blockwise_kernel,
+                   variant=f"{w} b{bs} {bits}-bit{' scored' if score else ''}{'' if align else ' unaligned'}",
+                   sig=ab.kernel_signature(), const=const, num_warps=ab.num_warps(blocks * bs, align),
+                   elems=blocks * bs, loops=[], target=None)
 
 
 def _blockwise_variants(quick: bool, big: int, ptr: dict, in_dtypes):
@@ -497,12 +519,12 @@ def _produced_by(stem: str) -> str | None:
     return next((line for line in lines if line.startswith("Produced by ")), None)
 
 
-def _tools_paragraph() -> str:
+def _tools_paragraph(argv=()) -> str:
     import triton
 
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] \
         if shutil.which("nvcc") else "no nvcc"
-    return (f"Produced by `{_results.command('kernels_static', [])}` (triton {triton.__version__}, {nvcc}). "
+    return (f"Produced by `{_results.command('kernels_static', list(argv))}` (triton {triton.__version__}, {nvcc}). "
             "Registers from cuobjdump, spills from ptxas -v, SASS from nvdisasm; instr/elem = instructions a thread "
             "executes on the main path x threads per program / elements per program (CUDA: the steady state, tail "
             "path compiled out); occupancy = theoretical, H100 SXM limits. See the module docstring for the method.")
@@ -548,7 +570,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compare-note", default="", metavar="TEXT", help="what the --compare table is (a sentence)")
     ap.add_argument("--from-csv", action="store_true", help="re-render the .md from the existing .csv (no compile)")
     ap.add_argument("--only", default=None, metavar="NAME",
-                    help="compile only the Triton kernels whose name contains NAME and print them (no files written)")
+                    help="compile only the Triton kernels whose name contains NAME and print them (no files written "
+                         "unless --out names a stem of their own)")
     return ap
 
 
@@ -564,16 +587,19 @@ def main(argv=None) -> int:
     else:
         print("Triton kernels (sm_90a):")
         rows = compile_triton(args.quick, args.only)
-        if args.only:
-            return 0
-        if not args.no_cuda:
+        if args.only and args.out == parser().get_default("out"):
+            return 0   # the full table is not rewritten from a few kernels
+        if not args.no_cuda and not args.only:
             print("CUDA kernels (nvcc -arch=sm_90a):")
             rows += compile_cuda(args.quick)
     checks = targets(rows)
     print("\nTargets:")
     for name, ok, detail in checks:
         print(f"  {'met   ' if ok else 'MISSED'}  {name}: {detail}")
-    write(rows, checks, args.out, args.compare, _produced_by(args.out) if args.from_csv else None, args.compare_note)
+    produced = _produced_by(args.out) if args.from_csv else None
+    if args.only:   # a table of its own: its command says which kernels
+        produced = _tools_paragraph(sys.argv[1:] if argv is None else argv)
+    write(rows, checks, args.out, args.compare, produced, args.compare_note)
     print(f"\nwrote bench/results/{args.out}.md and .csv")
     return 0
 
