@@ -325,7 +325,8 @@ def _adam_variants(quick: bool):
                      LOG2_BLOCK=bs.bit_length() - 1, BITS=bits)
         yield dict(kernel="adam_blockwise_", fn=ab._adam_blockwise_kernel,
                    variant=f"{w} b{bs} {bits}-bit{' scored' if score else ''}{'' if align else ' unaligned'}",
-                   sig=ab.kernel_signature(), const=const, num_warps=ab.num_warps(blocks * bs, align),
+                   sig=ab.kernel_signature(), const=const,
+                   num_warps=ab.num_warps(blocks * bs, align, bool(score) or bits == 4),
                    elems=blocks * bs, loops=[], target=None)
 
 

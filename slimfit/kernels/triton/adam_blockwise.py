@@ -95,10 +95,11 @@ def blocks_per_program(block_size: int, nb: int) -> int:
     return min(g, triton.next_power_of_2(max(nb, 1)))   # a small piece: no tile far larger than it
 
 
-def num_warps(tile: int, align: int = ALIGN_ALL) -> int:
+def num_warps(tile: int, align: int = ALIGN_ALL, heavy: bool = False) -> int:
     """Warps of a program of `tile` elements: at most 8 elements a thread (a tile is one block when the block
-    is larger than TILE_ELEMS), at most 4 when nothing is known of the addresses (ALIGN_ANY); at most 16."""
-    return max(NUM_WARPS, min(16, tile // (128 if align == ALIGN_ANY else 256)))
+    is larger than TILE_ELEMS), at most 4 when nothing is known of the addresses (ALIGN_ANY) or the program also
+    sums scores or packs 4-bit codes (``heavy``: more live values a thread); at most 16."""
+    return max(NUM_WARPS, min(16, tile // (128 if align == ALIGN_ANY or heavy else 256)))
 
 
 @triton.jit
@@ -524,7 +525,7 @@ def _launch_group(table, launch, tables, scalars, wd_mode: int, round_weights, s
         ROUND_WEIGHTS=bool(round_weights) and w_kind != W_FP32, STOCHASTIC=bool(stochastic),
         BLOCK_SIZE=block_size, BLOCKS=blocks, ALIGN=align, SCORE=score, LOG2_BLOCK=block_size.bit_length() - 1,
         BITS=bits,
-        num_warps=num_warps(blocks * block_size, align), enable_fp_fusion=False,
+        num_warps=num_warps(blocks * block_size, align, bool(score) or bits == 4), enable_fp_fusion=False,
     )
 
 
