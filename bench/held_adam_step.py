@@ -5,6 +5,7 @@ Adam, encode).
 
     python -m bench.held_adam_step                 # bert-base and the SmolLM2-135M shape, fp32 and bf16 weights
     python -m bench.held_adam_step --quick         # bert-tiny, llama-tiny: a smoke check, writes nothing
+    python -m bench.held_adam_step --device cuda --models bert-base,smollm2-135m,qwen2.5-0.5b   # held_adam_step_gpu.*
 
 Per row: the median time of one optimizer step (after WARMUP steps, over REPS, random gradients fixed for the
 run; 1 thread unless --threads), the optimizer state's bytes, and the ops one step dispatches (a
@@ -14,7 +15,10 @@ TorchDispatchMode, views left out: about one kernel launch each on a GPU; foreac
   held fused       slimfit's ChunkedStep + FrozenState(between_steps=True): the default's 8-bit dynamic moments,
                    stepped by slimfit::adam_blockwise_ (bf16 weights rounded stochastically, as the default)
   held unfused     the same held state through the decode / torch's Adam / encode round (held_step.FUSED off)
-Time ratios are to torch foreach of the same model and dtype, measured in the same run.
+  held fused 4-bit the held step with every moment 4-bit (state_code="dynamic4"), through the same op
+Time ratios are to torch foreach of the same model and dtype, measured in the same run. On CUDA a step is timed
+between two synchronizations, and the ops are the launches the host makes (the Triton op: one per weight and
+gradient dtype of a call).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ NAME = "held_adam_step"
 MODELS = ("bert-base", "smollm2-135m")
 QUICK_MODELS = ("bert-tiny", "llama-tiny")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-ROWS = ("torch foreach", "torch fused", "held fused", "held unfused")
+ROWS = ("torch foreach", "torch fused", "held fused", "held unfused", "held fused 4-bit")
 WARMUP, REPS = 2, 5
 FIELDS = ["model", "dtype", "row", "params", "state_mib", "step_ms", "vs_foreach", "ops", "threads", "device_name",
           "torch", "commit", "date"]
@@ -57,16 +61,17 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _params(model_name: str, dtype: torch.dtype) -> list[torch.nn.Parameter]:
-    """The model's parameters (random weights) as leaf tensors of ``dtype``, each with a fixed random gradient."""
+def _params(model_name: str, dtype: torch.dtype, device: str = "cpu") -> list[torch.nn.Parameter]:
+    """The model's parameters (random weights) as leaf tensors of ``dtype`` on ``device``, each with a fixed random
+    gradient."""
     from slimfit import architectures as archs
 
     model = archs.build(archs.resolve(model_name), seed=0)
     g = torch.Generator().manual_seed(0)
     params = []
     for p in model.parameters():
-        q = torch.nn.Parameter(p.detach().to(dtype).clone())
-        q.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(dtype)
+        q = torch.nn.Parameter(p.detach().to(device, dtype).clone())
+        q.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(device, dtype)
         params.append(q)
     return params
 
@@ -81,7 +86,8 @@ def _optimizer(row: str, params):
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
     rounding = "stochastic" if params[0].dtype != torch.float32 else "nearest"
     keep = (ChunkedStep(opt, weight_rounding=rounding, seed=0),
-            FrozenState(opt, "compress", between_steps=True, seed=0, code="dynamic", bits=8, stochastic=True))
+            FrozenState(opt, "compress", between_steps=True, seed=0, code="dynamic", bits=4 if "4-bit" in row else 8,
+                        stochastic=True))
     return opt, keep
 
 
@@ -96,10 +102,15 @@ def _state_bytes(opt) -> int:
     return total
 
 
-def measure(model_name: str, dtype_name: str, row: str) -> dict:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(model_name: str, dtype_name: str, row: str, device: str = "cpu") -> dict:
     from slimfit.optim import held_step
 
-    params = _params(model_name, DTYPES[dtype_name])
+    params = _params(model_name, DTYPES[dtype_name], device)
     grads = [p.grad for p in params]
     opt, keep = _optimizer(row, params)
     held_step.FUSED = row != "held unfused"
@@ -108,12 +119,14 @@ def measure(model_name: str, dtype_name: str, row: str) -> dict:
         for i in range(WARMUP + REPS):
             for p, g in zip(params, grads):
                 p.grad = g
+            _sync(device)
             start = time.perf_counter()
             if i == WARMUP:
                 with _Ops() as ops:
                     opt.step()
             else:
                 opt.step()
+            _sync(device)
             times.append(time.perf_counter() - start)
     finally:
         held_step.FUSED = True
@@ -122,7 +135,7 @@ def measure(model_name: str, dtype_name: str, row: str) -> dict:
             "state_mib": f"{_state_bytes(opt) / 2**20:.1f}",
             "step_ms": f"{1e3 * statistics.median(times[WARMUP:]):.1f}",
             "ops": sum(ops.names.values()), "threads": torch.get_num_threads(),
-            "device_name": _results.device_name("cpu"), "torch": _results.versions()["torch"],
+            "device_name": _results.device_name(device), "torch": _results.versions()["torch"],
             "commit": _results.commit_label(), "date": _results.now()}
 
 
@@ -149,13 +162,16 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the small test architectures; writes nothing unless --out")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--models", default=None, help="comma-separated slimfit.architectures names (default: MODELS)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    for model in (QUICK_MODELS if args.quick else MODELS):
+    models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else MODELS)
+    for model in models:
         for dtype in DTYPES:
             for row in ROWS:
-                r = measure(model, dtype, row)
+                r = measure(model, dtype, row, args.device)
                 print(f"{model:14s} {dtype} {row:14s} {r['step_ms']:>9s} ms  state {r['state_mib']:>8s} MiB  "
                       f"{r['ops']:>6,} ops", flush=True)
                 rows.append(r)
@@ -163,8 +179,9 @@ def main(argv=None) -> int:
     print()
     print(md)
     if args.out is not None or not args.quick:
-        _results.write_rows(_results.results_path(NAME, "csv", "cpu", args.out), rows, FIELDS)
-        _results.write_text(_results.results_path(NAME, "md", "cpu", args.out), md)
+        where = "gpu" if args.device == "cuda" else "cpu"
+        _results.write_rows(_results.results_path(NAME, "csv", where, args.out), rows, FIELDS)
+        _results.write_text(_results.results_path(NAME, "md", where, args.out), md)
     return 0
 
 

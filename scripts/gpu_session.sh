@@ -6,7 +6,8 @@
 #   bash scripts/gpu_session.sh test      # build, then the GPU tests and every test parametrized over cuda
 #   bash scripts/gpu_session.sh kernels   # build, then python -m bench.kernels --device cuda
 #   bash scripts/gpu_session.sh e2e       # build, then python -m bench.e2e --device cuda (BERT-base, ViT-B/16, batch 128)
-#   bash scripts/gpu_session.sh all       # one lease: build, e2e, frontier (SmolLM2 seq 2048), kernels, tests, each
+#   bash scripts/gpu_session.sh all       # one lease: build, e2e, frontier (SmolLM2 seq 2048), kernels, tests, the
+#                                         # held Adam step (bench.held_adam_step --device cuda), each
 #                                         # stage under its own time limit; everything also packed into
 #                                         # $RESULTS/gpu_results.tgz after every stage (a stopped run keeps it)
 #
@@ -17,7 +18,7 @@
 # say: on the lent H200 the image's compiler, /opt/gcc/bin/g++, built an extension whose every TORCH_CHECK
 # error killed the process with a segmentation fault, and the system g++ one raised them as RuntimeErrors,
 # as did that extension with the system libstdc++ preloaded; `all` checks it first; gpu_native_diag.sh).
-# `all` reads: STAGES (default "tests e2e frontier kernels"), TEST_PATHS, TEST_K (pytest -k), KERNEL_OPS
+# `all` reads: STAGES (default "tests e2e frontier kernels held_adam"), HELD_ADAM_MODELS, TEST_PATHS, TEST_K, KERNEL_OPS
 # (bench.kernels --ops), FRONTIER_CASES, FRONTIER_METHODS, FRONTIER_DTYPES, the budgets below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +80,7 @@ r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
 print('native argument error in a child process: rc', r.returncode, r.stdout.strip(), r.stderr.strip()[-300:])
 sys.exit(r.returncode)"
     cat "$RESULTS/gpu_native_errors.log"
-    stages="${STAGES:-tests e2e frontier kernels}"   # which stages, in this order
+    stages="${STAGES:-tests e2e frontier kernels held_adam}"   # which stages, in this order
     for stage_name in $stages; do case "$stage_name" in
       tests) run_stage tests "${TESTS:-140}" "$PY" -m pytest -q -p no:cacheprovider -n 12 --timeout 100 \
                -m "gpu or not slow" ${TEST_K:+-k "$TEST_K"} \
@@ -96,10 +97,13 @@ sys.exit(r.returncode)"
         done ;;
       kernels) run_stage kernels "${KERNELS:-45}" "$PY" -m bench.kernels --device cuda --out-dir "$RESULTS" \
                  ${KERNEL_OPS:+--ops "$KERNEL_OPS"} ;;
-      *) echo "gpu_session.sh: unknown stage $stage_name (of: tests e2e frontier kernels)" >&2 ;;
+      held_adam) run_stage held_adam "${HELD_ADAM:-60}" "$PY" -m bench.held_adam_step --device cuda \
+                   --models "${HELD_ADAM_MODELS:-bert-base,smollm2-135m,qwen2.5-0.5b}" --out "$RESULTS" ;;
+      *) echo "gpu_session.sh: unknown stage $stage_name (of: tests e2e frontier kernels held_adam)" >&2 ;;
     esac; done
     set +e  # the summary: whatever exists
     echo; tail -4 "$RESULTS/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$RESULTS/gpu_tests.log" | head -30
-    for f in "$RESULTS"/e2e_gpu.md "$RESULTS"/frontier_gpu.md; do [ -f "$f" ] && cat "$f"; done
+    for f in "$RESULTS"/e2e_gpu.md "$RESULTS"/frontier_gpu.md "$RESULTS"/held_adam_step_gpu.md; do
+      [ -f "$f" ] && cat "$f"; done
     tail -25 "$RESULTS/gpu_kernels.log"; cat "$RESULTS/gpu_stages.txt"; true ;;
 esac
