@@ -109,11 +109,14 @@ def _cuda_params(q, k, v, mask, dropout_p, is_causal, gqa):
         return None if gqa else params(q, k, v, mask, dropout_p, is_causal)
 
 
+@torch.compiler.assume_constant_result
 def fused_kernel(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
                  is_causal: bool) -> Optional[str]:
     """'cpu_flash', 'cuda_flash' or 'cuda_efficient' when a fused PyTorch kernel takes these
     inputs (PyTorch's own checks, so `torch.nn.attention.sdpa_kernel` contexts are honoured),
-    else None (the caller uses the materializing path)."""
+    else None (the caller uses the materializing path). A compiler takes it at trace time (torch's choice
+    query returns an int, which dynamo cannot trace): the choice depends on shapes, dtypes and devices, which the
+    graph's guards fix, and on the `sdpa_kernel` context at trace time."""
     if not fusable(q, k, v, attn_mask, is_causal):
         return None
     gqa = q.shape[1] != k.shape[1]

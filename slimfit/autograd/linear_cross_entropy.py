@@ -319,6 +319,10 @@ def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
     if labels.device.type != "cpu":
         return
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))
+    if torch.compiler.is_compiling():   # in a graph: an assertion the graph runs (no branch on the value)
+        torch._assert_async(~bad.any(), f"slimfit.linear_cross_entropy: a label is outside [0, {vocab}) (the "
+                            f"head's vocabulary) and is not ignore_index={ignore_index}")
+        return
     if bool(bad.any()):
         value = int(labels[bad][0])
         raise ValueError(f"slimfit.linear_cross_entropy: label {value} is outside [0, {vocab}) (the head's "
@@ -393,8 +397,10 @@ def linear_cross_entropy(
     valid = labels != ignore_index
     denominator = _denominator(num_items_in_batch, valid, x.device)
     keep = None
-    if x.device.type == "cpu" and not bool(valid.all()) and bool(_ignored_rows_finite(x2, valid, weight, bias)):
-        # Ignored finite rows contribute nothing: skip their GEMMs (their gradient is 0 · the loss's).
+    if (x.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(valid.all())
+            and bool(_ignored_rows_finite(x2, valid, weight, bias))):
+        # Ignored finite rows contribute nothing: skip their GEMMs (their gradient is 0 · the loss's). Not in a
+        # compiled graph: the kept rows' count is data (every row is computed there, as on other devices).
         keep = valid.nonzero().squeeze(1)
         labels = labels.index_select(0, keep)
     return _LinearCrossEntropy.apply(x2, weight, bias, labels, denominator, options, compute_dtype, keep)

@@ -161,10 +161,16 @@ def _chunked_forward(self, *args, **kwargs):
                           chunk_rows=getattr(self, CAUSAL_LM_OPTIONS)["chunk_rows"],
                           softcap=getattr(self.config, "final_logit_softcapping", None) or None)
     out_cls = _output_class(type(self))
-    fields = {field.name: getattr(outputs, field.name, None) for field in dataclasses.fields(out_cls)
-              if field.name not in ("loss", "logits")}
+    fields = {name: getattr(outputs, name, None) for name in _output_fields(out_cls)}
     out = out_cls(loss=loss, logits=None, **fields)
     return out if return_dict else out.to_tuple()
+
+
+@torch.compiler.assume_constant_result
+def _output_fields(out_cls: type) -> tuple:
+    """The output class's fields but loss and logits (a compiler reads them at trace time: dataclasses.fields
+    of a class is not traceable)."""
+    return tuple(f.name for f in dataclasses.fields(out_cls) if f.name not in ("loss", "logits"))
 
 
 def patch_causal_lm(model: nn.Module, chunk_rows: int, summary) -> None:

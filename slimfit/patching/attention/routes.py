@@ -81,17 +81,29 @@ def _count_ref(ref) -> None:
         _count(module)
 
 
-def _bind(signature: inspect.Signature, module, args, kwargs) -> dict | None:
-    """The call's arguments by name, as the original function sees them (None: it would refuse them)."""
-    try:
-        bound = signature.bind(module, *args, **kwargs)
-    except TypeError:
-        return None
-    named = dict(bound.arguments)
-    for name, param in signature.parameters.items():
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(named.pop(name, {}))
-    return named
+def _binder(signature: inspect.Signature):
+    """A function (module, args, kwargs) -> the call's arguments by name, as the original function sees them
+    (None: it would refuse them), as ``signature.bind`` finds them, in plain dict and tuple steps a compiler
+    traces (inspect's binding is not traceable)."""
+    params = list(signature.parameters.values())
+    kinds = inspect.Parameter
+    positional = [p.name for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    keyword = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    var_args = any(p.kind is kinds.VAR_POSITIONAL for p in params)
+    var_kwargs = any(p.kind is kinds.VAR_KEYWORD for p in params)
+
+    def bind(module, args, kwargs) -> dict | None:
+        args = (module, *args)
+        if len(args) > len(positional) and not var_args:
+            return None
+        named = dict(zip(positional, args))
+        for name, value in kwargs.items():
+            if name in named or (name not in keyword and not var_kwargs):
+                return None
+            named[name] = value
+        return named
+
+    return bind
 
 
 def _unsupported(signature: inspect.Signature, named: dict) -> str | None:
@@ -132,12 +144,13 @@ def _with_position_bias(kind: str, module, named: dict) -> dict | None:
 def _wrap(original, kind: str):
     """The routing wrapper around one transformers attention function of `kind` ('sdpa' or 'eager')."""
     signature = inspect.signature(original)
+    bind = _binder(signature)
 
     def slimfit_attention(module, *args, **kwargs):
         opts = vars(module).get(ATTENTION_OPTIONS)
         if opts is None:
             return original(module, *args, **kwargs)
-        named = _bind(signature, module, args, kwargs)
+        named = bind(module, args, kwargs)
         query, key, value = (named or {}).get("query"), (named or {}).get("key"), (named or {}).get("value")
         if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):  # a call slimfit cannot read
             return original(module, *args, **kwargs)
@@ -188,6 +201,15 @@ def ensure_routed(module) -> None:
         _route_eager(modeling_module)
 
 
+@torch.compiler.assume_constant_result
+def _routed(module) -> bool:
+    """ensure_routed(module), run by a compiler at trace time (its module lookups and the source it reads are not
+    traceable; what it installs is the same at every call)."""
+    ensure_routed(module)
+    return True
+
+
+@torch.compiler.assume_constant_result
 def _calls_sdpa_directly(cls: type) -> bool:
     """Whether the class's own forward calls F.scaled_dot_product_attention (not through transformers'
     registry); unknown source counts as yes (routing such calls is harmless when there are none)."""
@@ -205,7 +227,7 @@ class AttentionMixin:
         original = vars(self)[ORIGINAL_CLASS]
         if not torch.is_grad_enabled() and not self.training:
             return original.forward(self, *args, **kwargs)
-        ensure_routed(self)
+        _routed(self)
         count_forward(self)
         router = _direct_router(self, original)
         if router is None:
