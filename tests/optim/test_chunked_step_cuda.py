@@ -95,3 +95,46 @@ def test_every_state_8_bit_trains_on_the_device():
     assert float(loss_of(model, _batch())) < 0.25 * first
     assert all(st[k + Q8]["codes"].device.type == "cuda" for st in opt.state.values()
                for k in ("exp_avg", "exp_avg_sq"))
+
+
+@pytest.mark.parametrize("state_code", ["dynamic8", "dynamic4"])
+def test_the_held_ops_scores_on_the_device_match_the_cpu_run(state_code):
+    """Every moment held (the default's compress_all), the same gradients given on both devices: on the device the
+    Triton op steps the pieces and sums their scores itself (fused_held_step.SCORES_IN_OP), on the CPU the C++ op
+    steps them and the scores come from copies. The kernels are their reference bit for bit, so the weights are
+    the same bits; the scores are the same to float rounding (summed in another order), the frozen sets the same,
+    and the device path copies no weight."""
+    from slimfit.optim import held_step
+
+    def run(device):
+        torch.manual_seed(0)
+        model = build(0).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, frozen_state="compress_all",
+                             state_code=state_code, warmup_steps=0)
+        g = torch.Generator().manual_seed(1)
+        scores, sets = [], []
+        for _ in range(6):
+            for p in model.parameters():
+                grad = torch.randn(p.shape, generator=g) * 1e-2
+                p.grad = grad.to(device) if p.requires_grad else None
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            scores.append(sched._scores.clone().cpu())
+            sets.append(tuple(sched.frozen_names()))
+        return scores, sets, [p.detach().cpu() for p in model.parameters()]
+
+    copies = []
+    original = held_step.copies
+    held_step.copies = lambda pieces: copies.append(pieces[0].device.type) or original(pieces)
+    try:
+        cpu_scores, cpu_sets, cpu_weights = run("cpu")
+        cuda_scores, cuda_sets, cuda_weights = run(CUDA)
+    finally:
+        held_step.copies = original
+    assert "cpu" in copies and "cuda" not in copies
+    assert cpu_sets == cuda_sets
+    assert all(torch.equal(a, b) for a, b in zip(cpu_weights, cuda_weights))
+    for a, b in zip(cpu_scores, cuda_scores):
+        assert torch.allclose(a, b, rtol=1e-5, atol=0)
