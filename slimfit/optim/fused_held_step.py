@@ -143,7 +143,7 @@ def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batc
     for factor, batch in batches:
         if all(not watched[i] or in_op[i] for i, _, _ in batch):
             for i, a, b in batch:
-                pending.setdefault(pieces_of[i].device, []).append((item(i, a, b, factor), i, a))
+                pending.setdefault(pieces_of[i].device, []).append((item(i, a, b, factor), i))
             continue
         items = [item(i, a, b, factor) for i, a, b in batch]
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
@@ -151,8 +151,8 @@ def step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batc
         _launch(group, items, block_size, stochastic, round_weights, bits=bits)
         report(observer, [(params[batch[j][0]], batch[j][1], old, items[j][0]) for j, old in olds.items()])
     for entries in pending.values():
-        items = [e for e, _, _ in entries]
-        scored = {j for j, (_, i, _) in enumerate(entries) if watched[i]}
+        items = [e for e, _ in entries]
+        scored = {j for j, (_, i) in enumerate(entries) if watched[i]}
         sums = _sums_buffers(items, scored, block_size) if scored else ()
         _launch(group, items, block_size, stochastic, round_weights, sums, score if scored else 0, bits)
         if scored:
