@@ -1,5 +1,8 @@
-"""One Adam/AdamW step of pieces whose moments are 8-bit block-wise dynamic codes (slimfit::adam_blockwise_),
-in Triton: decode both moments, step, write the weight, encode the moments again, in one kernel.
+"""One Adam/AdamW step of pieces whose moments are 8- or 4-bit block-wise dynamic codes (slimfit::adam_blockwise_),
+in Triton: decode both moments, step, write the weight, encode the moments again, in one kernel; with a score
+kind, also each block's sums of the scheduler's score of the move (SCORE, the row's sums address; 0: none).
+4-bit codes (BITS 4) sit two to a byte, element 2i in the low half of byte i: a tile's codes are loaded a byte
+per element and shifted, and stored as pairs (the tile reshaped to [BLOCKS, BLOCK_SIZE / 2, 2] and split).
 
 Launches: one per group of the call's non-empty pieces that share (weight dtype, gradient dtype), however many
 pieces a group holds (the multi-tensor-apply pattern: a held step of hundreds of small biases and norm weights
@@ -36,6 +39,8 @@ element type's alignment. A launch's ALIGN level says what the launcher found tr
 The block maxima are never assumed aligned (a piece's may start at any block).
 
 Bit-exactness with `reference_adam.adam_blockwise_`:
+  * score sums: each block's terms summed by halving (the tile reshaped to [BLOCKS, 2, half] and split, LOG2_BLOCK
+    times), the reference's order, every addition rounded on its own;
   * fp32 throughout, the reference's operation order, every operation rounded on its own (launches with
     `enable_fp_fusion=False`); IEEE division and square root (`div_rn`, `sqrt_rn`: Triton's `/` and
     `tl.sqrt` are approximate on NVIDIA GPUs);
