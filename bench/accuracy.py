@@ -52,6 +52,8 @@ memory, and the median step time. A method is a short spec (see METHODS below):
                     codes, stochastic rounding); without: "linear8" (per-group min/max), said explicitly.
   ...+dyn8nearest / +dyn4nearest  state_code="dynamic8-nearest" / "dynamic4-nearest" (the same codes
                     rounded to nearest)
+  ...+op            no option: the run fails unless the held step went through slimfit::adam_blockwise_ (the
+                    default held step does whenever it can; +q8all rows at commits before 3f7ceba did not)
   ...+warmNN        scheduler option warmup_steps = NN% of --steps (rate ramps up from 0; over 100 allowed)
   ...+fromNN        scheduler option warmup_start_rate = NN/100 (the ramp of +warmNN starts at that rate)
   ...+minNN         scheduler option min_train_share = NN/100 (every layer trains in at least NN% of the steps)
@@ -220,6 +222,8 @@ def parse_spec(spec: str) -> tuple[str, float | None, dict]:
             options["min_train_share"] = "even"
         elif suffix in ("scale", "sqrtscale"):
             options["update_scale"] = "share" if suffix == "scale" else "sqrt_share"
+        elif suffix == "op":
+            pass   # a run's check, not an option: main() fails the run unless the held step went through the op
         elif suffix in ("dyn8", "dyn4", "dyn8nearest", "dyn4nearest"):
             options["state_code"] = "dynamic" + suffix[3] + ("-nearest" if suffix.endswith("nearest") else "")
         else:
@@ -443,6 +447,17 @@ def _lrs_by_method(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------ main
+def _run_checked(method: str, task, *args):
+    """task.run(*args); a method with +op fails unless the held step went through slimfit::adam_blockwise_."""
+    from bench.decoder_accuracy import _fused_calls
+
+    with _fused_calls() as fused:
+        result = task.run(*args)
+    if "+op" in method and not fused:
+        raise SystemExit(f"{method!r}: the held step never went through slimfit::adam_blockwise_ (+op asks it to)")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="text", choices=["text", "fortunes", "fashion_mnist"])
@@ -511,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                                       for r in done):
                 print(f"skip {m} seed {seed} at lr {lr}: already in {csv_path}")
                 continue
-            r = task.run(seed, prepare, lr, device, not args.no_progress)
+            r = _run_checked(m, task, seed, prepare, lr, device, not args.no_progress)
             row = {"task": task.name, "method": m, "seed": seed, "steps": args.steps,
                    "batch_size": args.batch_size, "lr": lr, "max_length": args.max_length, "n_train": args.n_train,
                    "n_test": args.n_test, "accuracy": f"{r.accuracy:.4f}",
