@@ -85,7 +85,7 @@ def _halving_sums(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """Per block of ``x`` (fp32, zero-padded to whole blocks): its sum by halving, the order the kernels take."""
     n = x.numel()
     nb = -(-n // block_size)
-    t = torch.zeros(nb * block_size, dtype=torch.float32)
+    t = torch.zeros(nb * block_size, dtype=torch.float32, device=x.device)
     t[:n] = x
     t = t.view(nb, block_size)
     h = block_size
@@ -99,7 +99,7 @@ def block_score_sums(kind: int, w0: torch.Tensor, w1: torch.Tensor, block_size: 
     """The (3, blocks) score sums of a piece (the module docstring) from its weights before and after, fp32."""
     d = w1 - w0
     nb = -(-w0.numel() // block_size)
-    out = torch.zeros(3, nb, dtype=torch.float32)
+    out = torch.zeros(3, nb, dtype=torch.float32, device=w0.device)
     if kind == SCORE_KINDS["relative"]:
         k, a = (w0 != 0).to(torch.float32), d.abs()
         out[0] = _halving_sums((a * k) / (w0.abs() + (1.0 - k)), block_size)
