@@ -158,7 +158,8 @@ def measure_row(spec: Spec) -> dict:
 
 
 def predicted_mib(row: dict, quick: bool = False) -> float:
-    """`slimfit plan --world-size` of the row (rank 0, this process; memory/plan/sharding.py): a lower bound."""
+    """`slimfit plan --world-size` of the row (rank 0, this process; memory/plan/sharding.py: gloo's reduce-scatter
+    copy included)."""
     from slimfit.memory.plan.predict import predict
     from slimfit.memory.plan.spec import StepSpec
 
@@ -174,8 +175,11 @@ def markdown(rows: list[dict]) -> str:
              "The largest rank's peak (every rank's beside it) and its "
              "parts at the peak; `less than fsdp2`: plain FSDP2's peak at the same world size over the row's; step "
              "time: the slowest rank's median of two steps, the cores shared by the N processes (compare rows of "
-             "one world size only). `predicted`: `slimfit plan --world-size N` of rank 0 (a lower bound: its "
-             "collectives finish at once).", ""]
+             "one world size only). `predicted`: `slimfit plan --world-size N` of rank 0 (the CPU step, gloo's "
+             "copy of each reduce-scatter input included), and its error against the measured rank. Each row is the "
+             "last measured of its world size and method.", ""]
+    latest = {(r["case"], r["world"], r["method"]): r for r in rows}   # a row measured again replaces the last
+    rows = list(latest.values())
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = [r for r in rows if r["case"] == case]
         first = mine[0]

@@ -413,10 +413,11 @@ def _header(p) -> list[str]:
                          "first; ILSScheduler(..., warmup_steps=0) freezes at the rate from the first step)")
     lines.append(f"  trainable now: {p.trained / 1e6:.2f}M parameters; optimizer state for {p.optimized / 1e6:.2f}M")
     if spec.world_size > 1:
+        where = ("with gloo's copy of each reduce-scatter input, as the CPU's process group runs it"
+                 if spec.device == "cpu" else "its collectives in place and finished at once, as NCCL's would be "
+                 "were nothing overlapped: not verified on a GPU")
         lines.append(f"  FSDP2: rank 0 of {spec.world_size} (every transformer layer and the root sharded; the batch "
-                     "per rank), its collectives finishing at once: a lower bound. A real process group keeps "
-                     "buffers of pending collectives alive longer (bench/results/sharded_cpu.md: measured against "
-                     "predicted)")
+                     f"per rank), {where} (bench/results/sharded_cpu.md: measured against predicted)")
     return lines
 
 
@@ -448,9 +449,9 @@ def _fit(args) -> int:
     from .plan.search import fit
 
     if args.world_size > 1:
-        raise ValueError("--fit with --world-size: a sharded rank's prediction is a lower bound (its collectives "
-                         "finish at once), so it cannot promise a fit; plan the sharded step without --fit, and "
-                         "measure it (python -m bench.sharded)")
+        raise ValueError("--fit with --world-size: a sharded rank's prediction is checked on gloo ranks only (on "
+                         "a GPU, collectives that overlap keep buffers longer), so it cannot promise a fit; plan the "
+                         "sharded step without --fit, and measure it (python -m bench.sharded)")
     budget = parse_bytes(args.fit)
     base = _spec(args)
     print(f"slimfit plan --fit {_plan_size(budget)}: {base.model_name}, {base.shape()}, {base.dtype}, "

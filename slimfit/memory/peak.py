@@ -155,6 +155,7 @@ class _Tracker(TorchDispatchMode):
         self.entry = 0                         # bytes registered as resident before the step
         self.engine_sum = None                 # (keys of the summands, the sum's record, its sample index)
         self.shrunk: dict[int, int] = {}        # StorageImpl address -> role: resized to 0 bytes in place
+        self.after_collective: int | None = None  # the sample of the c10d collective just dispatched, else None
 
     def _storage(self, t: torch.Tensor):
         if t.device != self.device:
@@ -239,11 +240,22 @@ class _Tracker(TorchDispatchMode):
                 rec.role = min(rec.role, role)
 
     def found(self, t: torch.Tensor, role: int = TRANSIENT) -> None:
-        """t met as an op's input (or saved for backward): a storage not tracked yet was alive before the step."""
+        """t met as an op's input (or saved for backward): a storage not tracked yet was alive before the step,
+        unless it is met right after a collective, whose kernel made it (below)."""
         storage = self._storage(t)
-        if storage is not None and storage._cdata not in self.live:
-            rec = self.add(t, role, born=-1)
-            self.backfill.append((rec.nbytes, len(self.samples)))
+        if storage is None or storage._cdata in self.live:
+            return
+        if self.after_collective is not None:
+            # A process group's own buffer: gloo's reduce-scatter clones its whole input inside the c10d op (no
+            # op this mode sees) and splits that clone into the output after it. Born at the collective, not
+            # alive since the step's entry: FSDP2's per-layer reduce-scatter inputs would add up to a full copy
+            # of the model's weights at the forward's peak (bench/results/sharded_cpu.md).
+            rec = self.add(t, role, born=self.after_collective)
+            if self.after_collective < len(self.samples):   # that sample was taken before the clone was seen
+                self.samples[self.after_collective] += rec.nbytes
+            return
+        rec = self.add(t, role, born=-1)
+        self.backfill.append((rec.nbytes, len(self.samples)))
 
     def phase(self, name: str) -> None:
         self.phases.append((name, len(self.samples)))
@@ -254,6 +266,8 @@ class _Tracker(TorchDispatchMode):
         if func._schema.name not in _FRESH_INPUT_OPS:
             for t in _tensors((args, kwargs)):
                 self.found(t)
+        # the ops a collective's kernel runs right after it (gloo: split and copy_ of its buffer) follow it here
+        self.after_collective = len(self.samples) if func.namespace == "c10d" else None
         out = func(*args, **kwargs)
         rec = None
         for t in _tensors(out):

@@ -7,16 +7,18 @@ is rank 0, the one whose pieces are largest (FSDP2 cuts dim 0 as ``torch.chunk``
 smaller pieces). The batch is per rank. A real sharded step needs its ranks: measure it with
 ``python -m bench.sharded``.
 
-A lower bound: the fake group's collectives finish at once, while a real process group's pending work keeps
-its buffers alive longer (gloo on the CPU keeps a previous step's buffers into the next: a 2-layer
-1024-wide MLP at two ranks measured 32.1 MiB against 26.1 predicted). ``slimfit plan`` says so, and refuses
-``--fit`` with a world size; bench/results/sharded_cpu.md shows measured against predicted.
+The fake group's collectives move nothing and allocate nothing, so a planned CPU step gets gloo's one buffer
+of its own back: gloo's reduce-scatter clones its whole input inside the op (FSDP2 passes it every gradient of a
+layer, unsharded) and splits the clone into the output, so for that op a rank holds the input twice
+(``GlooReduceScatter``; NCCL reduces in place: a CUDA plan has no such copy). Otherwise a lower bound where a
+real group's pending work keeps buffers longer. ``slimfit plan`` refuses ``--fit`` with a world size;
+bench/results/sharded_cpu.md shows measured against predicted.
 """
 from __future__ import annotations
 
 import contextlib
 
-__all__ = ["process_group", "shard", "transformer_layers"]
+__all__ = ["process_group", "shard", "transformer_layers", "gloo_reduce_scatter"]
 
 
 @contextlib.contextmanager
@@ -55,10 +57,34 @@ def transformer_layers(model) -> list:
                      "has no nn.ModuleList of layers")
 
 
-def shard(model, mesh) -> None:
-    """Every transformer layer, then the root, wrapped by FSDP2's ``fully_shard`` over ``mesh``."""
+def gloo_reduce_scatter():
+    """FSDP2's reduce-scatter as gloo runs it, for a planned CPU step: the input cloned for the collective's
+    length (the copy gloo makes inside the op), then the fake group's reduce-scatter."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class GlooReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            buffer = input_tensor.clone()   # gloo's own copy of the input, freed when the op returns
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            del buffer
+            return work
+
+    return GlooReduceScatter()
+
+
+def shard(model, mesh, device: str = "cuda") -> None:
+    """Every transformer layer, then the root, wrapped by FSDP2's ``fully_shard`` over ``mesh``; a planned
+    ``device="cpu"`` step reduce-scatters as gloo does (gloo_reduce_scatter). A real process group needs none
+    of it: its own backend runs."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in transformer_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    units = [fully_shard(layer, mesh=mesh) for layer in transformer_layers(model)] + [fully_shard(model, mesh=mesh)]
+    if device == "cpu" and mesh is not None and _is_fake(mesh):
+        for unit in units:
+            unit.set_custom_reduce_scatter(gloo_reduce_scatter())
+
+
+def _is_fake(mesh) -> bool:
+    import torch.distributed as dist
+
+    return dist.get_backend(mesh.get_group()) == "fake"

@@ -151,7 +151,7 @@ def _build(spec: StepSpec, ref: ModelRef, fake=None, mesh=None):
     if mesh is not None:
         from .sharding import shard
 
-        shard(model, mesh)
+        shard(model, mesh, spec.device)
     return model if spec.device == "cpu" or fake is not None else model.to(spec.device)
 
 
