@@ -46,6 +46,7 @@ Options: `LinearCrossEntropyOptions` (ignore_index, chunk_rows, softcap), checke
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -62,6 +63,7 @@ from ._common import (
     check_same_dtype,
     no_autocast,
 )
+from .head_grad_later import head_grad_later_of
 
 __all__ = ["linear_cross_entropy", "causal_lm_loss", "DEFAULT_CHUNK_ROWS", "LinearCrossEntropyOptions"]
 
@@ -196,6 +198,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     lse_all[start:end] = lse
         ctx.eager = eager
+        ctx.later = head_grad_later_of(weight)   # a tied head: its weight gradient made when the embedding's arrives
         ctx.chunk_rows, ctx.softcap = chunk_rows, options.softcap
         ctx.compute_dtype = compute_dtype
         ctx.device_type = device_type
@@ -235,7 +238,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_x or need_b or in_place:
                 grad_x, grad_b, grad_w = _one_pass(rows, w, b, ctx.x_dtype if need_x else None,
                                                    ctx.b_dtype if need_b else None, in_place)
-            if need_w and not in_place:
+            if need_w and not in_place and ctx.later is not None:   # head_grad_later.py: the same bits, later
+                ctx.later.keep(functools.partial(_weight_grad_later, rows, weight.detach(), bias, cd, ctx.w_dtype,
+                                                 ctx.device_type))
+            elif need_w and not in_place:
                 grad_w = _weight_grad(rows, w, b, ctx.w_dtype)
         grad_x = None if grad_x is None else _all_rows(grad_x, keep, ctx.rows, fill)
         return grad_x, grad_w, grad_b, None, None, None, None, None
@@ -311,6 +317,12 @@ def _weight_grad(rows: _RowGrads, w: torch.Tensor, b, w_dtype) -> torch.Tensor:
             acc += g.t().mm(rows.x[start:end])
         grad_w[first:last] = acc
     return grad_w
+
+
+def _weight_grad_later(rows: _RowGrads, weight: torch.Tensor, bias, compute_dtype, w_dtype, device_type):
+    """_weight_grad made later (HeadGradLater.take): the head cast to the compute dtype then, not held till then."""
+    with no_autocast(device_type):
+        return _weight_grad(rows, weight.to(compute_dtype), cast(bias, compute_dtype), w_dtype)
 
 
 def _check_labels(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:

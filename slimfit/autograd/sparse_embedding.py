@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import backward_once
+from .head_grad_later import HEAD_GRAD_LATER, HeadGradLater
 
 __all__ = ["embedding_sparse_grad", "sparse_rows_gradient", "tied_uses"]
 
@@ -85,26 +86,39 @@ def embedding_sparse_grad(ids: torch.Tensor, weight: torch.Tensor, padding_idx: 
 
 class _TiedUses(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight):
+    def forward(ctx, weight, later):
         ctx.set_materialize_grads(False)  # a use with no gradient gives None, not a vocabulary-sized zero tensor
+        ctx.later = later
         return weight.view_as(weight), weight.view_as(weight)
 
     @staticmethod
     @backward_once("tied_uses")
     def backward(ctx, grad_embedding, grad_head):
-        if grad_embedding is None or grad_head is None:
-            grad = grad_head if grad_embedding is None else grad_embedding
-            return None if grad is None else (grad.to_dense() if grad.is_sparse else grad)
-        if grad_head.is_sparse:
-            grad_embedding, grad_head = grad_head, grad_embedding
-        if grad_head.is_sparse:
-            return (grad_head + grad_embedding).to_dense()
-        if grad_head._base is not None or not grad_head.is_contiguous():
-            return grad_head + grad_embedding
-        return grad_head.add_(grad_embedding)  # in place: the head's gradient was made for this sum alone
+        later = ctx.later.take()   # the chunked loss's weight gradient, made now (head_grad_later.py)
+        if later is not None:
+            grad_head = later if grad_head is None else grad_head + later
+        return _sum_of_uses(grad_embedding, grad_head), None
+
+
+def _sum_of_uses(grad_embedding, grad_head):
+    """The tied weight's one dense gradient from its two uses' (either may be None or sparse)."""
+    if grad_embedding is None or grad_head is None:
+        grad = grad_head if grad_embedding is None else grad_embedding
+        return None if grad is None else (grad.to_dense() if grad.is_sparse else grad)
+    if grad_head.is_sparse:
+        grad_embedding, grad_head = grad_head, grad_embedding
+    if grad_head.is_sparse:
+        return (grad_head + grad_embedding).to_dense()
+    if grad_head._base is not None or not grad_head.is_contiguous():
+        return grad_head + grad_embedding
+    return grad_head.add_(grad_embedding)  # in place: the head's gradient was made for this sum alone
 
 
 def tied_uses(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two aliases of `weight` (no copy), one for the embedding lookup and one for the head: their gradients are
-    added in one backward, a sparse one into the dense one in place, and reach `weight` dense."""
-    return _TiedUses.apply(weight)
+    added in one backward, a sparse one into the dense one in place, and reach `weight` dense. The head's alias
+    carries a HeadGradLater: the chunked loss leaves its weight gradient to be made here (head_grad_later.py)."""
+    later = HeadGradLater()
+    for_embedding, for_head = _TiedUses.apply(weight, later)
+    setattr(for_head, HEAD_GRAD_LATER, later)   # the chunked loss finds it on the head's alias
+    return for_embedding, for_head
