@@ -5,6 +5,7 @@ measured on the CPU against `slimfit plan`'s prediction of the same step.
     python -m bench.llm_measure                    # every row, appended to bench/results/llm_measure_cpu.csv as
                                                    # it lands (rows already there are skipped); then the table
     python -m bench.llm_measure --only qwen        # the models whose name contains this
+    python -m bench.llm_measure --only qwen --rows slimfit --again   # those rows measured again, each replaced
     python -m bench.llm_measure --quick --out-dir /tmp/x   # a tiny decoder (the smoke test)
 
 Each row is one StepSpec (slimfit/memory/plan/) at batch 1, seq 1024, bf16 weights (AdamW's moments in bf16, as
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tiny decoder only (the smoke test)")
     p.add_argument("--only", default=None, help="models whose name contains this")
     p.add_argument("--out-dir", default=None, help="where the results go (default bench/results)")
+    p.add_argument("--rows", default=None, help="rows whose configuration contains this")
+    p.add_argument("--again", action="store_true", help="measure rows already there again (each replaced in place)")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     write = not (args.quick and args.out_dir is None)   # the smoke test writes nothing unless told where
@@ -126,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     have = {(r["model"], r["row"]) for r in done}
     for model, batch, seq in [c for c in (QUICK if args.quick else CASES) if args.only is None or args.only in c[0]]:
         for label, fields in ROWS.items():
-            if (model, label) in have:
+            if (args.rows is not None and args.rows not in label) or ((model, label) in have and not args.again):
                 continue
             row = {**measure_row(model, batch, seq, fields), "row": label}
-            done.append(row)
+            done = [r for r in done if (r["model"], r["row"]) != (model, label)] + [row]
             if write:
                 _results.write_rows(csv_path, done, FIELDS)
             print(f"{model:14s} {label:60s} predicted {row['predicted_mib']:>9} MiB, measured "
