@@ -24,18 +24,23 @@ HEAD_GRAD_LATER = "_slimfit_head_grad_later"   # on the head's alias of a tied w
 
 
 class HeadGradLater:
-    """The head's weight gradient, to be made by whoever holds this: the loss ``keep``s how to make it, the tied
-    weight's backward ``take``s it (None when the loss kept none: the head needed no gradient, or made it)."""
+    """The head's weight gradient, to be made by whoever holds this: each loss on the head ``keep``s how to make
+    its part, the tied weight's backward ``take``s their sum (None when no loss kept one: the head needed no
+    gradient, or made it itself)."""
 
     def __init__(self):
-        self._make: Callable[[], torch.Tensor] | None = None
+        self._makers: list[Callable[[], torch.Tensor]] = []
 
     def keep(self, make: Callable[[], torch.Tensor]) -> None:
-        self._make = make
+        self._makers.append(make)
 
     def take(self) -> torch.Tensor | None:
-        make, self._make = self._make, None   # once: what it holds is freed with it
-        return None if make is None else make()
+        makers, self._makers = self._makers, []   # once: what they hold is freed with them
+        total = None
+        for make in makers:   # one per loss computed on the head (one in a patched model's forward)
+            grad = make()
+            total = grad if total is None else total.add_(grad)
+        return total
 
 
 def head_grad_later_of(weight: torch.Tensor) -> HeadGradLater | None:

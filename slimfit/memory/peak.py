@@ -263,11 +263,14 @@ class _Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.settle_engine_sum()
+        collective = func.namespace == "c10d"
+        if collective:   # a collective's inputs are the caller's (a storage met first here was alive before)
+            self.after_collective = None
         if func._schema.name not in _FRESH_INPUT_OPS:
             for t in _tensors((args, kwargs)):
                 self.found(t)
         # the ops a collective's kernel runs right after it (gloo: split and copy_ of its buffer) follow it here
-        self.after_collective = len(self.samples) if func.namespace == "c10d" else None
+        self.after_collective = len(self.samples) if collective else None
         out = func(*args, **kwargs)
         rec = None
         for t in _tensors(out):

@@ -86,3 +86,30 @@ def test_no_vocabulary_sized_gradient_through_the_layers_backward(monkeypatch):
     head = vocab * hidden * 2
     drop = at_loss.phase_peaks["backward"] - later.phase_peaks["backward"]
     assert drop >= 0.75 * head, (drop, head)
+
+
+def test_two_losses_on_one_head_both_reach_the_weight():
+    """Each chunked loss on the tied head's alias keeps its part; the weight gets their sum, as made at the loss."""
+    from slimfit.autograd import causal_lm_loss
+    from slimfit.patching.tied_embedding import tied_weight_one_gradient
+
+    def grads(model):
+        batch = _batch()
+        with tied_weight_one_gradient(model, model.get_output_embeddings().weight) as head:
+            hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state
+        loss = causal_lm_loss(hidden, head, None, batch["labels"]) + 0.5 * causal_lm_loss(hidden, head, None,
+                                                                                            batch["input_ids"])
+        loss.backward()
+        return model.get_input_embeddings().weight.grad.clone()
+
+    model = _tied_llama(dtype=torch.bfloat16)
+    twin = copy.deepcopy(model)
+    later = grads(model)
+    original = lce.head_grad_later_of
+    lce.head_grad_later_of = lambda weight: None
+    try:
+        at_loss = grads(twin)
+    finally:
+        lce.head_grad_later_of = original
+    assert torch.equal(later, at_loss)   # the two parts summed in the order autograd sums them
+    assert later.abs().sum() > 0
