@@ -238,11 +238,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_x or need_b or in_place:
                 grad_x, grad_b, grad_w = _one_pass(rows, w, b, ctx.x_dtype if need_x else None,
                                                    ctx.b_dtype if need_b else None, in_place)
-            if need_w and not in_place and ctx.later is not None:   # head_grad_later.py: the same bits, later
-                ctx.later.keep(functools.partial(_weight_grad_later, rows, weight.detach(), bias, cd, ctx.w_dtype,
-                                                 ctx.device_type))
-            elif need_w and not in_place:
-                grad_w = _weight_grad(rows, w, b, ctx.w_dtype)
+            if need_w and not in_place:
+                if ctx.later is not None:   # a tied head (head_grad_later.py): the same bits, made later
+                    ctx.later.keep(functools.partial(_weight_grad_later, rows, weight.detach(), bias, cd,
+                                                     ctx.w_dtype, ctx.device_type))
+                else:
+                    grad_w = _weight_grad(rows, w, b, ctx.w_dtype)
         grad_x = None if grad_x is None else _all_rows(grad_x, keep, ctx.rows, fill)
         return grad_x, grad_w, grad_b, None, None, None, None, None
 

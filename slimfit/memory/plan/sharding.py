@@ -80,8 +80,9 @@ def shard(model, mesh, device: str = "cuda") -> None:
 
     units = [fully_shard(layer, mesh=mesh) for layer in transformer_layers(model)] + [fully_shard(model, mesh=mesh)]
     if device == "cpu" and mesh is not None and _is_fake(mesh):
+        comm = gloo_reduce_scatter()   # stateless: one for every unit
         for unit in units:
-            unit.set_custom_reduce_scatter(gloo_reduce_scatter())
+            unit.set_custom_reduce_scatter(comm)
 
 
 def _is_fake(mesh) -> bool:
