@@ -73,8 +73,10 @@ FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Ans
 # Suffixes of this benchmark alone: +bf16, the model held in bf16 weights (AdamW's moments in bf16 too, as torch
 # makes them); +wsr, the scheduler's chunked step writes bf16 weights by stochastic rounding (weight_rounding);
 # +op, the run fails unless the held step went through slimfit::adam_blockwise_ (the default held step does
-# whenever it can; `+q8all` rows at commits before 3f7ceba ran the decode / torch's Adam / encode round).
-DTYPE_SUFFIXES = ("+bf16", "+wsr", "+op")
+# whenever it can; `+q8all` rows at commits before 3f7ceba ran the decode / torch's Adam / encode round);
+# +noemb, the input embedding (and a head tied to it) never trained: requires_grad off before the scheduler and
+# the optimizer are built, so it holds no gradient and no AdamW state (what an LLM's 152k-row embedding costs).
+DTYPE_SUFFIXES = ("+bf16", "+wsr", "+op", "+noemb")
 
 
 def _weights(spec: str) -> tuple[str, bool, bool]:
@@ -166,6 +168,8 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     model = copy.deepcopy(base_model)
     if bf16:
         model.to(torch.bfloat16)
+    if "+noemb" in spec:
+        model.get_input_embeddings().weight.requires_grad_(False)
     model.train()
     prepared = prepare_preset(preset, rate, scheduler_options=options, optimizer=spec_optimizer(core))(model, seed)
     measured = {}
