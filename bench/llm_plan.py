@@ -5,6 +5,7 @@ next to the public numbers, with no GPU and no download.
     python -m bench.llm_plan                  # every case, bench/results/llm_plan.{csv,md}
     python -m bench.llm_plan --only llama-3.2-3b --fit 24GiB   # one model, plus --fit's pick under 24 GiB
     python -m bench.llm_plan --quick --out-dir /tmp/x         # tiny decoders (the smoke test)
+    python -m bench.llm_plan --rows slimfit   # re-plan the rows whose label starts so; the others kept from the csv
 
 Each row is one StepSpec predicted on fake tensors (slimfit/memory/plan/), full depth, bf16 weights (the model
 and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: CUDA's attention backends):
@@ -19,7 +20,10 @@ and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: 
                     8-bit recipe on a GPU; --device cuda only;
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
   slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default optimizer_state: every AdamW
-                    state 8-bit), the first step's frozen set;
+                    state 8-bit; its default embeddings: the input embedding table, and a head tied to it, held
+                    frozen), the first step's frozen set;
+  slimfit defaults, the table trained  the same with embeddings="train" (a tied table scheduled like any weight
+                    matrix, an untied one trained every step);
   slimfit + step in backward + ckpt, 8-bit  the same with checkpointing and the step in backward;
   slimfit + step in backward + ckpt, 4-bit  ... with every moment 4-bit (state_code="dynamic4");
   slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
@@ -43,7 +47,7 @@ from bench import _results
 NAME = "llm_plan"
 GiB = 2 ** 30
 FIELDS = ["model", "batch", "seq", "row", "peak_gib", "weights_gib", "grads_gib", "state_gib", "saved_gib",
-          "transient_gib", "peak_phase", "est_step_s", "host_s", "plan_s"]
+          "transient_gib", "peak_phase", "est_step_s", "host_s", "plan_s", "commit"]
 # (model, batch, seq): the public recipes' shapes first (torchtune's README), then the other shipped configs
 CASES = [("llama-3.1-8b", 2, 2048), ("llama-3.2-3b", 2, 4096), ("qwen2.5-0.5b", 1, 1024),
          ("llama-3.2-1b", 1, 1024), ("qwen2.5-1.5b", 1, 1024), ("qwen2.5-7b", 2, 2048)]
@@ -56,6 +60,8 @@ ROWS = {"plain bf16, AdamW": {},
             dict(optimizer="adamw8bit-bnb", checkpointing=True, step_in_backward=True, chunked_loss=True),
         "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
         "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7),
+        "slimfit defaults, the input embedding trained (embeddings='train')":
+            dict(preset="paper", rate=0.7, embeddings="train"),
         "slimfit + ckpt + step in backward, every state 8-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit"},
         "slimfit + ckpt + step in backward, every moment 4-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit",
                                                                   "state_code": "dynamic4"},
@@ -78,7 +84,8 @@ def predict_row(model: str, batch: int, seq: int, fields: dict, device: str) -> 
             "weights_gib": f"{m.weights / GiB:.2f}", "grads_gib": f"{m.gradients / GiB:.2f}",
             "state_gib": f"{m.optimizer_state / GiB:.2f}", "saved_gib": f"{m.saved / GiB:.2f}",
             "transient_gib": f"{m.transient / GiB:.2f}", "peak_phase": m.peak_phase,
-            "est_step_s": f"{p.step_time():.3g}", "host_s": _host_seconds(spec, p), "plan_s": f"{p.seconds:.0f}"}
+            "est_step_s": f"{p.step_time():.3g}", "host_s": _host_seconds(spec, p), "plan_s": f"{p.seconds:.0f}",
+            "commit": _results.commit_label()}
 
 
 def _host_seconds(spec, p) -> str:
@@ -110,7 +117,8 @@ def fit_row(model: str, batch: int, seq: int, budget: str, device: str) -> dict:
             "peak_gib": f"{m.total / GiB:.2f}", "weights_gib": f"{m.weights / GiB:.2f}",
             "grads_gib": f"{m.gradients / GiB:.2f}", "state_gib": f"{m.optimizer_state / GiB:.2f}",
             "saved_gib": f"{m.saved / GiB:.2f}", "transient_gib": f"{m.transient / GiB:.2f}",
-            "peak_phase": m.peak_phase, "est_step_s": f"{p.step_time():.3g}", "plan_s": f"{took:.0f}"}
+            "peak_phase": m.peak_phase, "est_step_s": f"{p.step_time():.3g}", "plan_s": f"{took:.0f}",
+            "commit": _results.commit_label()}
 
 
 def markdown(rows: list[dict], argv: list[str], device: str) -> str:
@@ -123,7 +131,7 @@ def markdown(rows: list[dict], argv: list[str], device: str) -> str:
              r.get("peak_phase", "-"), r.get("est_step_s", "-"), r.get("host_s", "-"), r.get("plan_s", "-")]
             for r in rows]
     lines = [f"# slimfit plan at LLM scale: predicted whole-step peaks ({device}, bf16 weights)", "",
-             f"`{_results.command(NAME, argv)}`; commit {_results.commit_label()}; {_results.now()}; torch "
+             f"`{_results.command(NAME, argv)}`; rows of commit {_commits(rows)}; {_results.now()}; torch "
              f"{_results.versions()['torch']}; planned on {_results.device_name('cpu')}.", "",
              "Every row is predicted on fake tensors at full depth (every layer; nothing allocated, no weights "
              "downloaded: the configs of slimfit/memory/models.py). The parts are at the peak; `saved` is what "
@@ -141,6 +149,28 @@ def markdown(rows: list[dict], argv: list[str], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commits(rows: list[dict]) -> str:
+    """The commits the rows were planned at (a row planned before the column: the file's first commit)."""
+    seen = dict.fromkeys(r.get("commit") or "0c2ff5f" for r in rows)
+    return "; ".join(seen)
+
+
+def _csv_rows(path: str, pattern: str | None) -> dict:
+    """{(model, batch, seq, row): row} of the csv with --rows (empty without): its rows are kept, and those whose
+    label starts with `pattern` are re-planned unless planned at this commit already (a run that stopped resumes)."""
+    if pattern is None:
+        return {}
+    return {(r["model"], int(r["batch"]), int(r["seq"]), r["row"]): r for r in _results.read_rows(path)}
+
+
+def _wanted(label: str, old: dict | None, pattern: str | None) -> bool:
+    """Whether the row is planned now: always without --rows; with it, a row of the pattern not planned at this
+    commit yet, or a row the csv lacks."""
+    if pattern is None or old is None:
+        return pattern is None or label.startswith(pattern)
+    return label.startswith(pattern) and old.get("commit") != _results.commit_label()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny decoder only (the smoke test)")
@@ -148,26 +178,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the planned step's device")
     p.add_argument("--fit", default=None, metavar="BUDGET", help="add --fit's pick under BUDGET (e.g. 24GiB)")
     p.add_argument("--out-dir", default=None, help="where the results go (default bench/results)")
+    p.add_argument("--rows", default=None, metavar="PREFIX",
+                   help="re-plan only the rows whose label starts with PREFIX (e.g. slimfit); keep the csv's others")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     cases = [c for c in (QUICK if args.quick else CASES) if args.only is None or args.only in c[0]]
+    csv_path = _results.results_path(NAME, "csv", out_dir=args.out_dir)
+    md_path = _results.results_path(NAME, "md", out_dir=args.out_dir)
+    old = _csv_rows(csv_path, args.rows)
     rows = []
     for model, batch, seq in cases:
         for label, fields in ROWS.items():
             if args.device != "cuda" and fields.get("optimizer") in CUDA_ONLY:
                 continue
+            kept = old.get((model, batch, seq, label))
+            if not _wanted(label, kept, args.rows):
+                if kept is not None:
+                    rows.append(kept)
+                continue
             rows.append({**predict_row(model, batch, seq, fields, args.device), "row": label})
             r = rows[-1]
             print(f"{model:14s} b{batch} s{seq:<5d} {label:60s} {r['peak_gib']:>8} GiB  "
                   f"({r['plan_s']} s to plan)", flush=True)
+            if args.rows is not None:   # each row as it lands, the csv's later rows still in
+                done = {(x["model"], int(x["batch"]), int(x["seq"]), x["row"]) for x in rows}
+                later = [x for k, x in old.items() if k not in done and (k[0], k[1], k[2]) in cases]
+                _results.write_rows(csv_path, rows + later, FIELDS)
         if args.fit:
             rows.append(fit_row(model, batch, seq, args.fit, args.device))
             print(f"{model:14s} b{batch} s{seq:<5d} {rows[-1]['row']}: {rows[-1].get('peak_gib', '-')} GiB "
                   f"({rows[-1]['plan_s']} s to search)", flush=True)
     if args.quick and args.out_dir is None:
         return 0
-    _results.write_rows(_results.results_path(NAME, "csv", out_dir=args.out_dir), rows, FIELDS)
-    _results.write_text(_results.results_path(NAME, "md", out_dir=args.out_dir), markdown(rows, argv, args.device))
+    _results.write_rows(csv_path, rows, FIELDS)
+    _results.write_text(md_path, markdown(rows, argv, args.device))
     return 0
 
 

@@ -340,6 +340,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-code", default=None, choices=list(STATE_CODES),
                         help="with a freeze rate, how the held moments are coded (ILSScheduler's state_code): "
                              "dynamic8 (its default), dynamic4 (4-bit), linear8, ...")
+    parser.add_argument("--embeddings", default="auto", choices=["auto", "train", "freeze"],
+                        help="with a freeze rate, the scheduler's embeddings: auto (its default: a causal LM's "
+                             "input embedding, and a head tied to it, held frozen for the run), train or freeze")
     parser.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="predict one rank of FSDP2 over N ranks (each transformer layer and the root "
                              "wrapped by fully_shard; --batch per rank); default 1, one process")
@@ -391,7 +394,7 @@ def _spec(args, **changes):
                   task=args.task, seed=args.seed, step_in_backward=args.step_in_backward,
                   chunked_loss=args.chunked_loss, warmup_steps=args.warmup_steps,
                   optimizer_state=_optimizer_state(args), scheduled_kinds=args.scheduled_kinds,
-                  world_size=args.world_size, state_code=args.state_code)
+                  world_size=args.world_size, state_code=args.state_code, embeddings=args.embeddings)
     values.update(changes)
     return StepSpec(args.model, **values)
 

@@ -158,23 +158,24 @@ class FrozenState:
         self._scheduler_handle = scheduler.register_frozen_set_hook(self._on_frozen_set)
         if self.between_steps:   # every state held: the layers the scheduler does not schedule (embeddings,
             self.freeze(list(self.optimizer.state))   # norms, a head) too, when they already have state (a resume)
-            self._make_missing_state()
+            self._make_missing_state({id(p) for _, p in getattr(scheduler, "held_frozen", ())})
         return self
 
     @torch.no_grad()
-    def _make_missing_state(self) -> None:
+    def _make_missing_state(self, never_trained: set) -> None:
         """Under a chunked step, every parameter without optimizer state gets it now (zero moments, step 0: what
         the chunked step makes at the parameter's first step), held (2 bytes a parameter for AdamW), or in full
         where this holder keeps it so (an FSDP2 shard that would cut a block: can_hold). So the optimizer's
         state lists every parameter from the start: torch.distributed.checkpoint loads an optimizer's state into
         the template ``get_state_dict`` makes of the live one, and a layer without state there would not get
-        its saved moments back."""
+        its saved moments back. ``never_trained`` (ids): the parameters the scheduler holds frozen for the whole
+        run (its embeddings="freeze"), which never get state."""
         if self._chunked is None:
             return
         opt = self.optimizer
         for group in opt.param_groups:
             for p in group["params"]:
-                if opt.state.get(p) or not chunked_step.layout_ok_without_grad(p):
+                if opt.state.get(p) or id(p) in never_trained or not chunked_step.layout_ok_without_grad(p):
                     continue
                 opt.state[p] = new_held_state(p, group, self) if self.can_hold(p) else new_full_state(p, group)
 

@@ -62,6 +62,7 @@ from .candidates import (
 )
 from .config import AUTO_WARMUP, DECODER_WARMUP_STEPS, EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_not_deepspeed, check_parallel_wrappers, names_digest, resolve_group
+from .embeddings import held_embeddings, resolve_embeddings
 from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import BlockSums, compute_scores
@@ -184,14 +185,14 @@ def _claim(scheduler: "ILSScheduler") -> None:
     of its layers, else it is recorded as theirs. A scheduler built and never started (to read its names or
     first decision) claims nothing."""
     _check_sole_owner(scheduler, None)
-    for p in scheduler.params:
+    for p in scheduler.params + [p for _, p in scheduler.held_frozen]:
         _PARAM_OWNERS[p] = weakref.ref(scheduler)
     scheduler._claimed = True
 
 
 def _release(scheduler: "ILSScheduler") -> None:
     """Forget ``scheduler`` as the owner of its layers and optimizer (at close())."""
-    for p in scheduler.params:
+    for p in scheduler.params + [p for _, p in scheduler.held_frozen]:
         ref = _PARAM_OWNERS.get(p)
         if ref is not None and ref() is scheduler:
             del _PARAM_OWNERS[p]
@@ -220,7 +221,7 @@ def _other_owners(scheduler: "ILSScheduler", optimizer) -> tuple:
         on_optimizer = _live(entry.ref if entry is not None else None)
         on_optimizer = None if on_optimizer is scheduler else on_optimizer
         shared, first = [], None
-        for name, p in zip(scheduler.names, scheduler.params):
+        for name, p in list(zip(scheduler.names, scheduler.params)) + scheduler.held_frozen:
             owner = _live(_PARAM_OWNERS.get(p))
             if owner is not None and owner is not scheduler:
                 shared.append(name)
@@ -325,6 +326,11 @@ class ILSScheduler:
             unwrap_optimizer(optimizer)   # a wrong type fails here, before the model is touched
         self.config = SchedulerConfig.from_options(config, **options)
         candidates, module = _candidate_layers(model_or_named_params, self.config)
+        self.embeddings = resolve_embeddings(self.config.embeddings, module, self.config.kinds, self.config.layers)
+        # the input embedding held frozen for the run (embeddings.py): no candidate, no gradient, no state
+        self.held_frozen = held_embeddings(module, candidates) if self.embeddings == "freeze" else []
+        held = {id(p) for _, p in self.held_frozen}
+        candidates = [(n, p) for n, p in candidates if id(p) not in held]
         named, self.scheduled_kinds, self.always_train = _scheduled_layers(candidates, module, self.config)
         self.warmup_steps = resolve_warmup_steps(self.config.warmup_steps, module)
         self.names: list[str] = [n for n, _ in named]
@@ -470,6 +476,9 @@ class ILSScheduler:
         if self._forward_hook is not None:
             self._forward_hook.remove()
             self._forward_hook = None
+        for _, p in self.held_frozen:   # embeddings="freeze": frozen from the start to close()
+            p.requires_grad_(False)
+            p.grad = None
         self._apply()
 
     def attach_optimizer(self, optimizer) -> FrozenGradGuard:
@@ -699,8 +708,8 @@ class ILSScheduler:
                 p.requires_grad_(flag)
 
     def close(self) -> None:
-        """Unfreeze every layer, remove optimizer hooks, free the snapshots."""
-        for p in self.params:
+        """Unfreeze every layer (the embedding held frozen too), remove optimizer hooks, free the snapshots."""
+        for p in self.params + [p for _, p in self.held_frozen]:
             p.requires_grad_(True)
         if self._forward_hook is not None:
             self._forward_hook.remove()
@@ -744,6 +753,7 @@ class ILSScheduler:
         out = {k: v for k, v in flat.items() if k != "version" and k not in RUNTIME_FIELDS}
         out["scheduled_kinds"] = list(self.scheduled_kinds)
         out["always_train"] = list(self.always_train)
+        out["embeddings"] = self.embeddings
         return out
 
     def _optimizer_stepped(self) -> bool:

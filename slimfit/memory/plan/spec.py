@@ -61,6 +61,8 @@ class StepSpec:
                    "embedding"): the embeddings scheduled too)
     state_code     with a rate and held moments: the scheduler's state_code (None, its default: "dynamic8"; or
                    "dynamic4": every held moment 4-bit, "linear8", ...)
+    embeddings     with a rate: the scheduler's embeddings ("auto", its default: a causal LM's input embedding
+                   table, and a head tied to it, held frozen for the run; "train"; "freeze")
     world_size     1: one process; N > 1: a rank of FSDP2 over N ranks (each transformer layer and the root
                    wrapped by fully_shard; batch per rank; predicted only: sharding.py)
     """
@@ -89,6 +91,7 @@ class StepSpec:
     scheduled_kinds: str | tuple | None = None
     world_size: int = 1
     state_code: str | None = None
+    embeddings: str = "auto"
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -140,7 +143,7 @@ class StepSpec:
         if self.optimizer_state == "host" and not self.step_in_backward:
             out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
                        "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
-        out += self._kinds_problems() + self._code_problems()
+        out += self._kinds_problems() + self._code_problems() + self._embeddings_problems()
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             out.append(f"world_size must be an int >= 1 (the ranks FSDP2 shards over), got {self.world_size!r}")
         if self.budget_bytes is not None and (not self.rate or not self.budget_bytes > 0):
@@ -157,6 +160,16 @@ class StepSpec:
             return [f"state_code must be one of {', '.join(STATE_CODES)}, got {self.state_code!r}"]
         if not self.rate:
             return ["state_code codes the moments the scheduler holds: it needs a freeze rate"]
+        return []
+
+    def _embeddings_problems(self) -> list[str]:
+        """What is wrong with embeddings (one of the scheduler's values; other than "auto" it needs a rate)."""
+        from ...scheduler.embeddings import EMBEDDINGS
+
+        if self.embeddings not in EMBEDDINGS:
+            return [f"embeddings must be one of {', '.join(EMBEDDINGS)}, got {self.embeddings!r}"]
+        if self.embeddings != "auto" and not self.rate:
+            return [f"embeddings={self.embeddings!r} is the scheduler's: it needs a freeze rate"]
         return []
 
     def _kinds_problems(self) -> list[str]:
@@ -264,6 +277,8 @@ class StepSpec:
         if self.scheduled_kinds is not None:
             kinds = self.scheduled_kinds
             parts.append(f"scheduled: {kinds if isinstance(kinds, str) else ' + '.join(kinds)}")
+        if self.embeddings != "auto":
+            parts.append(f"embeddings {'trained' if self.embeddings == 'train' else 'frozen'}")
         return ", ".join(parts)
 
     def shape(self) -> str:

@@ -197,6 +197,7 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
         options["scheduled_kinds"] = spec.scheduled_kinds
     if spec.state_code is not None:
         options["state_code"] = spec.state_code
+    options["embeddings"] = spec.embeddings
     mode = spec.held_state
     held, between_steps = HOLDERS.get(from_frozen_state(mode), (None, False))
     # a fake CPU run of a CUDA step: the offloaded state must leave the counted device, as it leaves the GPU
@@ -214,8 +215,9 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
 
         transfer = OffDeviceHost()
     if freeze_all:
+        held = tuple(n for n, _ in scheduler.held_frozen)   # embeddings="freeze": frozen in the base too
         scheduler.close()
-        runs.set_frozen(model, names)
+        runs.set_frozen(model, names + held)
         if mode is not None:  # their state held as the scheduler would hold it (budget.py's base)
             from ...optim import FrozenState
 
