@@ -55,6 +55,20 @@ class QuantizedTensor(NamedTuple):
     def from_parts(cls, tensors, meta) -> "QuantizedTensor":
         return cls(*tensors, *meta)
 
+    def elements(self, start: int, end: int) -> "QuantizedTensor":
+        """Flat elements [start, end) of a tensor quantized in logical order, as a 1-d QuantizedTensor that
+        shares this one's codes, scales and offsets (views, nothing copied): dequantized, each element is what
+        the whole tensor's dequantize gives there. `start` must begin a group (group_size divides it)."""
+        n = math.prod(self.shape)
+        if self.storage_dims is not None or start % self.group_size or not 0 <= start < end <= n:
+            raise ValueError(f"QuantizedTensor.elements({start}, {end}): needs logical order (storage_dims None), "
+                             f"0 <= start < end <= {n} and start a multiple of group_size {self.group_size}")
+        per_byte = 8 // self.bits
+        codes = self.codes.reshape(-1)[start // per_byte:-(-end // per_byte)]
+        groups = slice(start // self.group_size, -(-end // self.group_size))
+        return QuantizedTensor(codes, self.scale.reshape(-1)[groups], self.offset.reshape(-1)[groups], (end - start,),
+                               self.dtype, self.bits, self.group_size)
+
 
 class BlockwiseTensor(NamedTuple):
     """A tensor block-wise dynamically quantized (quantize_blockwise): codes of a map, one absmax per block."""

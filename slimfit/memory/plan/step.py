@@ -161,7 +161,8 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
     backward, with step_in_backward."""
     import torch
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    held = _held_by_scheduler(spec, model)
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in held]
     if spec.optimizer == "adamw8bit":
         from .optim8bit import FakeAdamW8bit, optimizer_class
 
@@ -182,6 +183,38 @@ def _optimizer(spec: StepSpec, model, fake: bool = False):
     return optimizer
 
 
+def _new_scheduler(spec: StepSpec, model, freeze_all: bool, **options):
+    """ILSScheduler(model, spec's rate and seed, **options); None for a base without layers (search.py's shallow
+    estimates, freeze_all) whose one weight matrix is the held table (a tied LM head): nothing to schedule, the
+    table frozen as the scheduler would hold it."""
+    from ...scheduler import ILSScheduler
+
+    try:
+        return ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options)
+    except ValueError:
+        never = _held_by_scheduler(spec, model)
+        if not (freeze_all and never):
+            raise
+        for p in model.parameters():
+            p.requires_grad_(p.requires_grad and id(p) not in never)
+        return None
+
+
+def _held_by_scheduler(spec: StepSpec, model) -> set:
+    """ids of the parameters the spec's scheduler holds frozen for the whole run (its embeddings="freeze": the
+    input embedding table), which never get optimizer state: left out of the primed optimizer."""
+    if not spec.rate:
+        return set()
+    from ...scheduler import SchedulerConfig
+    from ...scheduler.candidates import find_candidates
+    from ...scheduler.embeddings import held_embeddings, resolve_embeddings
+
+    kinds = SchedulerConfig(scheduled_kinds=spec.scheduled_kinds).kinds
+    if resolve_embeddings(spec.embeddings, model, kinds, None) != "freeze":
+        return set()
+    return {id(p) for _, p in held_embeddings(model, find_candidates(model))}
+
+
 def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all: bool = False, fake: bool = False):
     """(ILSScheduler at the spec's rate, attached, its first frozen set applied, or None without a rate; the
     names of the layers it schedules). budget: the keyword arguments of the scheduler's budget mode (the
@@ -190,7 +223,6 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     if not spec.rate:
         return None, ()
     from ..._optimizer_state import HOLDERS, auto_step_chunk_numel, from_frozen_state
-    from ...scheduler import ILSScheduler
 
     options = {} if freeze_all else dict(budget or {})
     if spec.scheduled_kinds is not None:
@@ -204,10 +236,11 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
     off_device = fake and held == "offload" and spec.device == "cuda"
     # the chunk "auto" gives the spec's device (a fake run's tensors are on the CPU whatever the device)
     numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-    scheduler = ILSScheduler(model, freeze_rate=spec.rate, seed=spec.seed, **options,
-                             warmup_steps=0 if freeze_all else spec.warmup_steps,
-                             optimizer_state=from_frozen_state(None if off_device else mode),
-                             step_chunk_numel=auto_step_chunk_numel(spec.device, numel))
+    scheduler = _new_scheduler(spec, model, freeze_all, warmup_steps=0 if freeze_all else spec.warmup_steps,
+                               optimizer_state=from_frozen_state(None if off_device else mode),
+                               step_chunk_numel=auto_step_chunk_numel(spec.device, numel), **options)
+    if scheduler is None:
+        return None, ()
     names = tuple(scheduler.names)
     transfer = None
     if off_device:
@@ -215,9 +248,9 @@ def _scheduler(spec: StepSpec, model, optimizer, budget: dict | None, freeze_all
 
         transfer = OffDeviceHost()
     if freeze_all:
-        held = tuple(n for n, _ in scheduler.held_frozen)   # embeddings="freeze": frozen in the base too
+        never = tuple(n for n, _ in scheduler.held_frozen)   # embeddings="freeze": frozen in the base too
         scheduler.close()
-        runs.set_frozen(model, names + held)
+        runs.set_frozen(model, names + never)
         if mode is not None:  # their state held as the scheduler would hold it (budget.py's base)
             from ...optim import FrozenState
 
