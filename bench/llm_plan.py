@@ -20,10 +20,9 @@ and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: 
                     8-bit recipe on a GPU; --device cuda only;
   LoRA r8 + ckpt    peft's default targets at rank 8, checkpointing;
   slimfit defaults  slimfit.patch(paper()) + ILSScheduler at rate 0.7 (its default optimizer_state: every AdamW
-                    state 8-bit; its default embeddings: the input embedding table, and a head tied to it, held
-                    frozen), the first step's frozen set;
-  slimfit defaults, the table trained  the same with embeddings="train" (a tied table scheduled like any weight
-                    matrix, an untied one trained every step);
+                    state 8-bit), the first step's frozen set;
+  slimfit defaults, the table held  the same with embeddings="freeze" (the input embedding table, and a head tied
+                    to it, held frozen for the run: no gradient, no state);
   slimfit + step in backward + ckpt, 8-bit  the same with checkpointing and the step in backward;
   slimfit + step in backward + ckpt, 4-bit  ... with every moment 4-bit (state_code="dynamic4");
   slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
@@ -60,8 +59,8 @@ ROWS = {"plain bf16, AdamW": {},
             dict(optimizer="adamw8bit-bnb", checkpointing=True, step_in_backward=True, chunked_loss=True),
         "LoRA r8 + checkpointing": dict(lora=8, checkpointing=True),
         "slimfit defaults: paper(), rate 0.7": dict(preset="paper", rate=0.7),
-        "slimfit defaults, the input embedding trained (embeddings='train')":
-            dict(preset="paper", rate=0.7, embeddings="train"),
+        "slimfit defaults, the input embedding held frozen (embeddings='freeze')":
+            dict(preset="paper", rate=0.7, embeddings="freeze"),
         "slimfit + ckpt + step in backward, every state 8-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit"},
         "slimfit + ckpt + step in backward, every moment 4-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit",
                                                                   "state_code": "dynamic4"},

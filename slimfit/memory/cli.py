@@ -340,9 +340,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-code", default=None, choices=list(STATE_CODES),
                         help="with a freeze rate, how the held moments are coded (ILSScheduler's state_code): "
                              "dynamic8 (its default), dynamic4 (4-bit), linear8, ...")
-    parser.add_argument("--embeddings", default="auto", choices=["auto", "train", "freeze"],
-                        help="with a freeze rate, the scheduler's embeddings: auto (its default: a causal LM's "
-                             "input embedding, and a head tied to it, held frozen for the run), train or freeze")
+    parser.add_argument("--embeddings", default="train", choices=["train", "freeze"],
+                        help="with a freeze rate, the scheduler's embeddings: train (its default) or freeze (the "
+                             "input embedding table, and a head tied to it, held frozen for the run)")
     parser.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="predict one rank of FSDP2 over N ranks (each transformer layer and the root "
                              "wrapped by fully_shard; --batch per rank); default 1, one process")

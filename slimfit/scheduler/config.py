@@ -48,7 +48,7 @@ from slimfit._optimizer_state import (
 )
 
 from .candidates import KINDS, TASK_HEAD
-from .embeddings import AUTO_EMBEDDINGS, EMBEDDINGS
+from .embeddings import EMBEDDINGS
 from .optim import FROZEN_UPDATES
 from .scores import DEFAULT_CHUNK_NUMEL, SCORES
 from .selection import ROUNDINGS
@@ -313,13 +313,13 @@ class SchedulerConfig(ConfigBase):
                        there is none). None: that head when the model has one and `layers` is not given;
                        () schedules it like any layer (SlimFit's rule). Scheduled, a fresh head trains too
                        rarely (docs/fidelity.md).
-    embeddings         "freeze": a transformers model's input embedding table (and a head tied to it: the same
+    embeddings         "train" (the default): the input embedding table trains every step, or is scheduled (a tied
+                       table is a weight matrix; scheduled_kinds with "embedding" schedules an untied one).
+                       "freeze": a transformers model's input embedding table (and a head tied to it: the same
                        parameter) does not train in this run: requires_grad off from the scheduler's start to its
                        close(), so it holds no gradient and no optimizer state (Qwen2.5-0.5B's table is 136M of
-                       494M parameters); "train": it trains every step, or is scheduled (a tied table is a weight
-                       matrix; scheduled_kinds with "embedding" schedules an untied one). "auto" (the default):
-                       "freeze" for a causal LM, "train" otherwise (embeddings.py; docs/fidelity.md). A config
-                       saved without the field loads as "train", as that run trained it.
+                       494M parameters); it cost the many-answer decoder protocol a point (embeddings.py;
+                       docs/fidelity.md).
     layers             with a model: parameter names (or (name, parameter) pairs) to schedule instead of the
                        default candidates; checked against the model. None: the candidates.
     min_train_share    every layer trains in at least this share of the steps so far, in [0, 1 - freeze_rate];
@@ -402,7 +402,7 @@ class SchedulerConfig(ConfigBase):
     rounding: str = "round"
     scheduled_kinds: Union[str, tuple, None] = None
     always_train: Union[str, tuple, None] = None
-    embeddings: str = AUTO_EMBEDDINGS
+    embeddings: str = "train"
     layers: Optional[tuple] = None
     min_train_share: Union[float, str] = 0.0
     update_scale: str = "none"
@@ -572,7 +572,6 @@ class SchedulerConfig(ConfigBase):
             values["experimental"] = _experimental_from_dict(values["experimental"])
         _optimizer_state_from_dict(values)
         values.setdefault("state_code", "linear8")
-        values.setdefault("embeddings", "train")   # saved before the field: that run trained the table
         values.setdefault("warmup_steps", 0)   # saved before "auto": that run froze from its first step
         values.setdefault("weight_rounding", "nearest")   # and rounded its bf16 weights to nearest
         values.update(changes)

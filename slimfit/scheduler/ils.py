@@ -62,7 +62,7 @@ from .candidates import (
 )
 from .config import AUTO_WARMUP, DECODER_WARMUP_STEPS, EVEN_SHARE, RUNTIME_FIELDS, SchedulerConfig
 from .ddp import DistSync, check_not_deepspeed, check_parallel_wrappers, names_digest, resolve_group
-from .embeddings import held_embeddings, resolve_embeddings
+from .embeddings import check_embeddings, held_embeddings
 from .in_step import InStepScores
 from .optim import FrozenGradGuard, check_optimizer_coverage, unwrap_optimizer, weak_method
 from .scores import BlockSums, compute_scores
@@ -326,7 +326,7 @@ class ILSScheduler:
             unwrap_optimizer(optimizer)   # a wrong type fails here, before the model is touched
         self.config = SchedulerConfig.from_options(config, **options)
         candidates, module = _candidate_layers(model_or_named_params, self.config)
-        self.embeddings = resolve_embeddings(self.config.embeddings, module, self.config.kinds, self.config.layers)
+        self.embeddings = check_embeddings(self.config.embeddings, module)
         # the input embedding held frozen for the run (embeddings.py): no candidate, no gradient, no state
         self.held_frozen = held_embeddings(module, candidates) if self.embeddings == "freeze" else []
         held = {id(p) for _, p in self.held_frozen}

@@ -1,5 +1,5 @@
-"""SchedulerConfig.embeddings: a causal LM's input embedding table (and a head tied to it) held frozen for the run by
-default ("auto"), trained on request ("train"), refused where it cannot be held ("freeze" without a model)."""
+"""SchedulerConfig.embeddings: the input embedding table trained (the default, "train"), or held frozen for the run
+with a head tied to it ("freeze"), refused where it cannot be held ("freeze" without a model)."""
 import copy
 
 import pytest
@@ -41,7 +41,7 @@ def test_a_causal_lms_table_is_held_frozen_and_every_other_weight_trains_as_torc
     model = _llama(tied)
     reference = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0, optimizer_state="full")
+    sched = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0, optimizer_state="full", embeddings="freeze")
     assert sched.embeddings == "freeze" and [n for n, _ in sched.held_frozen] == [TABLE]
     assert TABLE not in sched.names and ("lm_head.weight" in sched.names) == (not tied)
     table = model.model.embed_tokens.weight
@@ -69,20 +69,21 @@ def test_a_causal_lms_table_is_held_frozen_and_every_other_weight_trains_as_torc
     assert table.requires_grad   # close() gives the table back
 
 
-def test_the_defaults_hold_no_moments_for_the_table():
+def test_the_held_table_gets_no_8bit_moments():
     """Every moment 8-bit (the default): state is made up front for every optimizer parameter but the table."""
     model = _llama(tied=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0)
+    sched = ILSScheduler(model, 0.5, optimizer=opt, warmup_steps=0, embeddings="freeze")
     _train(model, opt, sched, 2)
     table = model.model.embed_tokens.weight
     assert table not in opt.state and all(p in opt.state for p in model.parameters() if p is not table)
 
 
-def test_train_schedules_a_tied_table_and_trains_an_untied_one_every_step():
+def test_the_default_schedules_a_tied_table_and_trains_an_untied_one_every_step():
     tied, untied = _llama(tied=True), _llama(tied=False)
-    assert TABLE in ILSScheduler(tied, 0.5, embeddings="train").names   # a tied table is a weight matrix
-    sched = ILSScheduler(untied, 0.5, embeddings="train", warmup_steps=0)
+    assert TABLE in ILSScheduler(tied, 0.5).names   # a tied table is a weight matrix
+    sched = ILSScheduler(untied, 0.5, warmup_steps=0)
+    assert sched.embeddings == "train"
     opt = torch.optim.AdamW(untied.parameters(), lr=1e-2)
     sched.attach_optimizer(opt)
     table = untied.model.embed_tokens.weight
@@ -91,16 +92,16 @@ def test_train_schedules_a_tied_table_and_trains_an_untied_one_every_step():
     assert sched.held_frozen == [] and not torch.equal(before, table)
 
 
-def test_auto_trains_an_encoders_table():
+def test_freeze_holds_an_encoders_table_too():
     model = tiny_bert()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = ILSScheduler(model, 0.7, optimizer=opt, warmup_steps=0)
-    assert sched.embeddings == "train" and sched.held_frozen == []
+    sched = ILSScheduler(model, 0.7, optimizer=opt, warmup_steps=0, embeddings="freeze")
     table = model.bert.embeddings.word_embeddings.weight
+    assert [p for _, p in sched.held_frozen] == [table]
     before = table.detach().clone()
     model(**bert_batch()).loss.backward()
     opt.step()
-    assert not torch.equal(before, table)
+    assert torch.equal(before, table) and table not in opt.state
 
 
 def test_freeze_where_it_cannot_hold_is_refused_with_the_fix():
@@ -111,15 +112,13 @@ def test_freeze_where_it_cannot_hold_is_refused_with_the_fix():
         SchedulerConfig(embeddings="freeze", scheduled_kinds=("matmul", "embedding"))
     with pytest.raises(ValueError, match="embeddings"):
         SchedulerConfig(embeddings="frozen")
-    # "auto" with the embeddings scheduled: they are scheduled, not held
-    sched = ILSScheduler(model, 0.5, scheduled_kinds=("matmul", "embedding"))
-    assert sched.embeddings == "train" and TABLE in sched.names
 
 
-def test_the_resolved_choice_is_saved_and_an_older_config_loads_as_train():
+def test_the_choice_is_saved_and_an_older_config_loads_as_train():
     model = _llama(tied=True)
-    sched = ILSScheduler(model, 0.5)
+    sched = ILSScheduler(model, 0.5, embeddings="freeze")
     assert sched.state_dict()["config"]["embeddings"] == "freeze"
+    assert SchedulerConfig.from_dict(sched.config.to_dict()).embeddings == "freeze"
     old = SchedulerConfig().to_dict()
     del old["embeddings"]
     assert SchedulerConfig.from_dict(old).embeddings == "train"
@@ -127,7 +126,7 @@ def test_the_resolved_choice_is_saved_and_an_older_config_loads_as_train():
 
 def test_a_second_scheduler_over_the_held_table_is_refused():
     model = _llama(tied=True)
-    first = ILSScheduler(model, 0.5)
+    first = ILSScheduler(model, 0.5, embeddings="freeze")
     second = ILSScheduler(model, 0.0, layers=[TABLE])   # built before the first started: the table is a candidate
     first.apply()
     with pytest.raises(ValueError, match="close"):

@@ -102,7 +102,7 @@ def _frozen_state_arg(spec: StepSpec, causal_lm: bool = False) -> str:
     default = spec.warmup_steps == "auto" or (spec.warmup_steps == 0 and not causal_lm)
     kinds = "" if spec.scheduled_kinds is None else f", scheduled_kinds={spec.scheduled_kinds!r}"
     code = "" if spec.state_code is None else f", state_code={spec.state_code!r}"
-    embeddings = "" if spec.embeddings == "auto" else f", embeddings={spec.embeddings!r}"
+    embeddings = "" if spec.embeddings == "train" else f", embeddings={spec.embeddings!r}"
     return state + ("" if default else f", warmup_steps={spec.warmup_steps!r}") + kinds + code + embeddings
 
 

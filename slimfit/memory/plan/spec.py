@@ -61,8 +61,8 @@ class StepSpec:
                    "embedding"): the embeddings scheduled too)
     state_code     with a rate and held moments: the scheduler's state_code (None, its default: "dynamic8"; or
                    "dynamic4": every held moment 4-bit, "linear8", ...)
-    embeddings     with a rate: the scheduler's embeddings ("auto", its default: a causal LM's input embedding
-                   table, and a head tied to it, held frozen for the run; "train"; "freeze")
+    embeddings     with a rate: the scheduler's embeddings ("train", its default; "freeze": the input embedding
+                   table, and a head tied to it, held frozen for the run)
     world_size     1: one process; N > 1: a rank of FSDP2 over N ranks (each transformer layer and the root
                    wrapped by fully_shard; batch per rank; predicted only: sharding.py)
     """
@@ -91,7 +91,7 @@ class StepSpec:
     scheduled_kinds: str | tuple | None = None
     world_size: int = 1
     state_code: str | None = None
-    embeddings: str = "auto"
+    embeddings: str = "train"
 
     def __post_init__(self):
         """Read frozen_state as optimizer_state, then refuse a spec with a wrong field at once, naming every
@@ -168,7 +168,7 @@ class StepSpec:
 
         if self.embeddings not in EMBEDDINGS:
             return [f"embeddings must be one of {', '.join(EMBEDDINGS)}, got {self.embeddings!r}"]
-        if self.embeddings != "auto" and not self.rate:
+        if self.embeddings != "train" and not self.rate:
             return [f"embeddings={self.embeddings!r} is the scheduler's: it needs a freeze rate"]
         return []
 
@@ -277,8 +277,8 @@ class StepSpec:
         if self.scheduled_kinds is not None:
             kinds = self.scheduled_kinds
             parts.append(f"scheduled: {kinds if isinstance(kinds, str) else ' + '.join(kinds)}")
-        if self.embeddings != "auto":
-            parts.append(f"embeddings {'trained' if self.embeddings == 'train' else 'frozen'}")
+        if self.embeddings == "freeze":
+            parts.append("input embedding held frozen")
         return ", ".join(parts)
 
     def shape(self) -> str:

@@ -205,12 +205,10 @@ def _held_by_scheduler(spec: StepSpec, model) -> set:
     input embedding table), which never get optimizer state: left out of the primed optimizer."""
     if not spec.rate:
         return set()
-    from ...scheduler import SchedulerConfig
     from ...scheduler.candidates import find_candidates
-    from ...scheduler.embeddings import held_embeddings, resolve_embeddings
+    from ...scheduler.embeddings import held_embeddings
 
-    kinds = SchedulerConfig(scheduled_kinds=spec.scheduled_kinds).kinds
-    if resolve_embeddings(spec.embeddings, model, kinds, None) != "freeze":
+    if spec.embeddings != "freeze":
         return set()
     return {id(p) for _, p in held_embeddings(model, find_candidates(model))}
 
