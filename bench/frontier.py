@@ -36,6 +36,8 @@ Methods (a fresh model each; random weights; AdamW unless named; lr 0 so every r
   slimfit-paper+q8all+inbwd  and the trained layers' state held 8-bit too, between their own steps
   slimfit-paper+q8all+inbwd+ckpt  the same with gradient checkpointing: the recipe's stack with slimfit's
                         scheduler and compression
+  slimfit-paper+q8all+noemb  slimfit-paper+q8all with the input embedding (and a tied head) held frozen for the run
+                        (ILSScheduler(embeddings="freeze"): no gradient, no state for it)
   slimfit-paper+q8all / slimfit-aggressive+q8all   every layer's AdamW state 8-bit in a plain loop (the scheduler's
                         frozen_state="compress_all": the chunked step decodes, updates and encodes the moments a
                         piece at a time); slimfit-paper+q8all is the scheduler's default (frozen_state="auto")
@@ -93,6 +95,7 @@ class Method:
     in_backward: bool = False        # slimfit.optim.step_in_backward: each parameter's step in backward
     between_steps: bool = False      # FrozenState(between_steps=True): the trained layers' state held too
     chunked_ce: bool = False         # a causal LM's loss through slimfit's chunked linear + cross-entropy alone
+    held_table: bool = False         # the scheduler's embeddings="freeze": the input embedding (tied head) held frozen
 
     @property
     def slimfit(self) -> bool:
@@ -117,6 +120,8 @@ METHODS = {
     "slimfit-paper+q8all+inbwd+ckpt": Method(preset="paper", frozen_state="compress", in_backward=True,
                                              between_steps=True, ckpt=True),
     "slimfit-paper+q8all": Method(preset="paper", frozen_state="compress", between_steps=True),
+    "slimfit-paper+q8all+noemb": Method(preset="paper", frozen_state="compress", between_steps=True,
+                                        held_table=True),
     "slimfit-aggressive+q8all": Method(preset="aggressive", frozen_state="compress", between_steps=True),
     "slimfit-paper+offload": Method(preset="paper", frozen_state="offload"),
     "recipe": Method(ckpt=True, optimizer="bnb8", in_backward=True, chunked_ce=True),
@@ -233,8 +238,13 @@ def method_setup(arch, method: Method, batch: int, seq: int, device: str = "cpu"
             # the state as the method names it (slimfit-<preset>: in full; +q8: the frozen layers' 8-bit;
             # +q8all: every layer's 8-bit, the scheduler's default), attached by hand below
             # warmup_steps=0: the frozen set at the rate, the steady state (a causal LM's ramp: docs/fidelity.md)
-            scheduler = ILSScheduler(model, seed=0, frozen_state=None, warmup_steps=0)
-    params = list(model.parameters()) if scheduler else [p for p in model.parameters() if p.requires_grad]
+            scheduler = ILSScheduler(model, seed=0, frozen_state=None, warmup_steps=0,
+                                     embeddings="freeze" if method.held_table else "train")
+    # under a scheduler every parameter but a table it holds frozen (held_table: it never gets a gradient, so a run
+    # makes no state for it; the measurement's priming step would)
+    held = {id(p) for _, p in scheduler.held_frozen} if scheduler else set()
+    params = [p for p in model.parameters() if id(p) not in held] if scheduler else \
+        [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(method, model, params)
     if scheduler is not None:
         scheduler.attach_optimizer(optimizer)
