@@ -29,6 +29,8 @@ and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: 
                     trained parameter's copied in for its step and back (lossless; what a paged optimizer does
                     under pressure). `host s` is that traffic's time (plan/cost.py's host_traffic_seconds: 25 GB/s
                     each way, a PCIe Gen5 x16 link's practical rate), which the plan's step time leaves out;
+  slimfit + step in backward + ckpt, host, table held   ... and embeddings="freeze" (the input embedding, and a
+                    tied head, held frozen for the run);
 with the step time of plan/cost.py (nominal H100-class rates: for ranking, not a benchmark).
 """
 from __future__ import annotations
@@ -65,7 +67,9 @@ ROWS = {"plain bf16, AdamW": {},
         "slimfit + ckpt + step in backward, every moment 4-bit": {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "8bit",
                                                                   "state_code": "dynamic4"},
         "slimfit + ckpt + step in backward, every state on the host": {**_SLIMFIT_IN_BACKWARD,
-                                                                       "optimizer_state": "host"}}
+                                                                       "optimizer_state": "host"},
+        "slimfit + ckpt + step in backward, every state on the host, the input embedding held frozen":
+            {**_SLIMFIT_IN_BACKWARD, "optimizer_state": "host", "embeddings": "freeze"}}
 CUDA_ONLY = {"adamw8bit-bnb"}   # optimizers planned for a GPU only (StepSpec.optimizer)
 PUBLIC = {("llama-3.1-8b", 2, 2048): "torchtune: 18.9 GiB (bf16 + 8-bit paged AdamW + step in backward + "
                                      "checkpointing + chunked CE, RTX 4090)",
@@ -209,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({rows[-1]['plan_s']} s to search)", flush=True)
     if args.quick and args.out_dir is None:
         return 0
+    # with --rows, the csv's rows of the models --only left out stay too
+    rows += [r for k, r in old.items() if (k[0], k[1], k[2]) not in cases]
     _results.write_rows(csv_path, rows, FIELDS)
     _results.write_text(md_path, markdown(rows, argv, args.device))
     return 0
