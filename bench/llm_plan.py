@@ -6,6 +6,7 @@ next to the public numbers, with no GPU and no download.
     python -m bench.llm_plan --only llama-3.2-3b --fit 24GiB   # one model, plus --fit's pick under 24 GiB
     python -m bench.llm_plan --quick --out-dir /tmp/x         # tiny decoders (the smoke test)
     python -m bench.llm_plan --rows slimfit   # re-plan the rows whose label starts so; the others kept from the csv
+    python -m bench.llm_plan --render-only    # the markdown again from the csv (a --rows run stopped part way)
 
 Each row is one StepSpec predicted on fake tensors (slimfit/memory/plan/), full depth, bf16 weights (the model
 and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: CUDA's attention backends):
@@ -158,6 +159,13 @@ def _commits(rows: list[dict]) -> str:
     return "; ".join(seen)
 
 
+def _in_order(rows: list[dict]) -> list[dict]:
+    """The rows in CASES x ROWS order (a row of neither last, in the csv's order)."""
+    cases = {c[0]: i for i, c in enumerate(CASES)}
+    labels = {label: i for i, label in enumerate(ROWS)}
+    return sorted(rows, key=lambda r: (cases.get(r["model"], len(cases)), labels.get(r["row"], len(labels))))
+
+
 def _csv_rows(path: str, pattern: str | None) -> dict:
     """{(model, batch, seq, row): row} of the csv with --rows (empty without): its rows are kept, and those whose
     label starts with `pattern` are re-planned unless planned at this commit already (a run that stopped resumes)."""
@@ -183,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=None, help="where the results go (default bench/results)")
     p.add_argument("--rows", default=None, metavar="PREFIX",
                    help="re-plan only the rows whose label starts with PREFIX (e.g. slimfit); keep the csv's others")
+    p.add_argument("--render-only", action="store_true", help="the markdown again from the csv")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     cases = [c for c in (QUICK if args.quick else CASES) if args.only is None or args.only in c[0]]
     csv_path = _results.results_path(NAME, "csv", out_dir=args.out_dir)
     md_path = _results.results_path(NAME, "md", out_dir=args.out_dir)
+    if args.render_only:
+        _results.write_text(md_path, markdown(_in_order(_results.read_rows(csv_path)), ["--rows", "slimfit"],
+                                              args.device))
+        return 0
     old = _csv_rows(csv_path, args.rows)
     rows = []
     for model, batch, seq in cases:
