@@ -76,7 +76,9 @@ FORTUNE_PROMPT = ("Fortune: {fortune}\n", "Which topic is this fortune from? Ans
 # whenever it can; `+q8all` rows at commits before 3f7ceba ran the decode / torch's Adam / encode round);
 # +noemb, the input embedding (and a head tied to it) never trained: requires_grad off before the scheduler and
 # the optimizer are built, so it holds no gradient and no AdamW state (what an LLM's 152k-row embedding costs).
-DTYPE_SUFFIXES = ("+bf16", "+wsr", "+op", "+noemb")
+# +untie, the LM head made a parameter of its own (a copy of the tied table) before anything else: with +noemb the
+# input table alone is held, as in an untied model (Llama-3.1-8B's), the head trains.
+DTYPE_SUFFIXES = ("+bf16", "+wsr", "+op", "+noemb", "+untie")
 
 
 def _weights(spec: str) -> tuple[str, bool, bool]:
@@ -168,6 +170,9 @@ def run_one(base_model, tokenizer, train, test, spec: str, seed: int, args) -> d
     model = copy.deepcopy(base_model)
     if bf16:
         model.to(torch.bfloat16)
+    if "+untie" in spec:
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
     if "+noemb" in spec:
         model.get_input_embeddings().weight.requires_grad_(False)
     model.train()
