@@ -180,19 +180,24 @@ def _warn_left_frozen(module) -> None:
                       "on them before building this one", stacklevel=3)
 
 
+def _owned(scheduler: "ILSScheduler") -> list:
+    """(name, parameter) of what the scheduler owns: its scheduled layers and the table it holds frozen."""
+    return list(zip(scheduler.names, scheduler.params)) + scheduler.held_frozen
+
+
 def _claim(scheduler: "ILSScheduler") -> None:
     """When ``scheduler`` starts (its first frozen set applied): ValueError if another live one schedules some
     of its layers, else it is recorded as theirs. A scheduler built and never started (to read its names or
     first decision) claims nothing."""
     _check_sole_owner(scheduler, None)
-    for p in scheduler.params + [p for _, p in scheduler.held_frozen]:
+    for _, p in _owned(scheduler):
         _PARAM_OWNERS[p] = weakref.ref(scheduler)
     scheduler._claimed = True
 
 
 def _release(scheduler: "ILSScheduler") -> None:
     """Forget ``scheduler`` as the owner of its layers and optimizer (at close())."""
-    for p in scheduler.params + [p for _, p in scheduler.held_frozen]:
+    for _, p in _owned(scheduler):
         ref = _PARAM_OWNERS.get(p)
         if ref is not None and ref() is scheduler:
             del _PARAM_OWNERS[p]
@@ -221,7 +226,7 @@ def _other_owners(scheduler: "ILSScheduler", optimizer) -> tuple:
         on_optimizer = _live(entry.ref if entry is not None else None)
         on_optimizer = None if on_optimizer is scheduler else on_optimizer
         shared, first = [], None
-        for name, p in list(zip(scheduler.names, scheduler.params)) + scheduler.held_frozen:
+        for name, p in _owned(scheduler):
             owner = _live(_PARAM_OWNERS.get(p))
             if owner is not None and owner is not scheduler:
                 shared.append(name)
@@ -326,9 +331,9 @@ class ILSScheduler:
             unwrap_optimizer(optimizer)   # a wrong type fails here, before the model is touched
         self.config = SchedulerConfig.from_options(config, **options)
         candidates, module = _candidate_layers(model_or_named_params, self.config)
-        self.embeddings = check_embeddings(self.config.embeddings, module)
         # the input embedding held frozen for the run (embeddings.py): no candidate, no gradient, no state
-        self.held_frozen = held_embeddings(module, candidates) if self.embeddings == "freeze" else []
+        freeze = check_embeddings(self.config.embeddings, module) == "freeze"
+        self.held_frozen = held_embeddings(module, candidates) if freeze else []
         held = {id(p) for _, p in self.held_frozen}
         candidates = [(n, p) for n, p in candidates if id(p) not in held]
         named, self.scheduled_kinds, self.always_train = _scheduled_layers(candidates, module, self.config)
@@ -415,6 +420,11 @@ class ILSScheduler:
     def effective_rate(self) -> float:
         """Fraction of candidate layers frozen right now (budget mode may exceed freeze_rate)."""
         return self.num_frozen / self.num_layers
+
+    @property
+    def embeddings(self) -> str:
+        """config.embeddings: "train", or "freeze" (held_frozen lists the table held)."""
+        return self.config.embeddings
 
     @property
     def chunked_step(self):
@@ -709,7 +719,7 @@ class ILSScheduler:
 
     def close(self) -> None:
         """Unfreeze every layer (the embedding held frozen too), remove optimizer hooks, free the snapshots."""
-        for p in self.params + [p for _, p in self.held_frozen]:
+        for _, p in _owned(self):
             p.requires_grad_(True)
         if self._forward_hook is not None:
             self._forward_hook.remove()
@@ -753,7 +763,6 @@ class ILSScheduler:
         out = {k: v for k, v in flat.items() if k != "version" and k not in RUNTIME_FIELDS}
         out["scheduled_kinds"] = list(self.scheduled_kinds)
         out["always_train"] = list(self.always_train)
-        out["embeddings"] = self.embeddings
         return out
 
     def _optimizer_stepped(self) -> bool:
