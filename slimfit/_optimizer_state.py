@@ -19,9 +19,9 @@ _config_base.py rather than in slimfit/optim/ because importing any module of th
                  time inside the step); an error where the step cannot hold them
   "8bit-frozen"  the frozen layers' moments 8-bit while they are frozen
   "host-frozen"  the frozen layers' moments in host memory while they are frozen (lossless)
-  "host"         every layer's moments in host memory, the trained ones too: each copied to the device for its
-                 own step inside backward and back right after it (lossless; step_in_backward only): at most
-                 one parameter's state on the device, as a paged optimizer under pressure
+  "host"         every layer's moments in host memory, the trained ones too: streamed to the device a piece at a
+                 time inside the chunked step (or each parameter's own step in backward) and back right after
+                 (lossless; optim/host_step.py): a piece's moments on the device, never a whole parameter's
   "full"         the state as the optimizer made it
 
 The older name ``frozen_state`` is read everywhere (keyword, saved configs, the planner, ``--frozen-state``):

@@ -77,11 +77,12 @@ def _holder(scheduler, optimizer, step: Optional[ChunkedStep]) -> Optional[Froze
     if mode is None:
         return None
     held, between_steps = HOLDERS[mode]
-    if mode == "host" and not hasattr(unwrap_optimizer(optimizer), "register_param_step_post_hook"):
-        raise ValueError("optimizer_state='host' holds every layer's moments in host memory, each copied to the "
-                         "device for its own step inside backward: build the optimizer with "
-                         "slimfit.optim.step_in_backward(model, torch.optim.AdamW, ...), or choose 'host-frozen' "
-                         "(the frozen layers' moments on the host) for this optimizer")
+    if mode == "host" and step_kind(optimizer, step) != "every":
+        raise ValueError("optimizer_state='host' holds every layer's moments in host memory, streamed to the "
+                         "device a piece at a time inside the step, which needs slimfit's chunked step (a torch "
+                         "Adam/AdamW that is neither fused nor capturable, with the scheduler's default "
+                         "step_chunk_numel) or slimfit.optim.step_in_backward(model, torch.optim.AdamW, ...); "
+                         "or choose 'host-frozen' (the frozen layers' moments on the host) for this optimizer")
     return attach_frozen_state(scheduler, optimizer, mode=held, seed=scheduler.run_seed % 2**62,
                                between_steps=between_steps, **state_code_options(config.state_code))
 

@@ -29,7 +29,8 @@ before it moves them (the scheduler snapshots those).
 
 With a holder (``FrozenState(between_steps=True)``, ``SchedulerConfig(frozen_state="compress_all")``) every
 parameter's moments stay 8-bit between steps and are decoded a piece at a time inside this step
-(held_step.py): an 8-bit AdamW, lossy.
+(held_step.py): an 8-bit AdamW, lossy. With a host holder (``optimizer_state="host"``) every moment stays in
+host memory and is copied to the device and back a piece at a time inside this step (host_step.py): lossless.
 
 FSDP2's sharded parameters (DTensors) are stepped on their rank-local pieces (sharded_params.py): Adam is
 elementwise, so that is torch's own step on them, bit for bit, with every rank holding and stepping its
@@ -49,9 +50,11 @@ import torch
 
 from slimfit._optimizer_state import DEFAULT_STEP_CHUNK_NUMEL, unwrap_optimizer
 
-from .held_step import copies, counts_of, is_held, new_held_state, report_pieces, step_held, step_numbers
+from .held_step import copies, counts_of, is_held, report_pieces, step_held, step_numbers
+from .host_step import is_host_held, step_host
 from .keys import held_key
 from .moments import plain_tensor
+from .pieces import factor_runs
 from .sharded_params import global_start, is_dtensor, local, steppable
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import ROUNDED_DTYPES, WeightRounding, adam_step_rounded, check_weight_rounding
@@ -109,14 +112,6 @@ def _param_ok(p, state) -> bool:
     return _layout_ok(p) and not any(held_key(k) for k in state)
 
 
-def _pieces(params, chunk_numel):
-    """(param index, start, end) over every parameter, each at most chunk_numel long, in order."""
-    for i, p in enumerate(params):
-        n = p.numel()
-        for a in range(0, max(n, 1), chunk_numel):
-            yield i, a, min(n, a + chunk_numel)
-
-
 def _warn_fp16_eps(group, params) -> bool:
     """Warn (and say so) when an Adam group's eps rounds to 0 in fp16 for fp16 weights: torch's step keeps
     the moments in the weights' dtype, where eps (1e-8 by default) and a squared gradient below fp16's
@@ -129,31 +124,8 @@ def _warn_fp16_eps(group, params) -> bool:
     return True
 
 
-def _batches(params, chunk_numel):
-    """Consecutive pieces packed into calls of at most chunk_numel elements (one piece may fill a call)."""
-    batch, size = [], 0
-    for piece in _pieces(params, chunk_numel):
-        n = piece[2] - piece[1]
-        if batch and size + n > chunk_numel:
-            yield batch
-            batch, size = [], 0
-        batch.append(piece)
-        size += n
-    if batch:
-        yield batch
-
-
 def _flat(t, a, b):
     return t.view(-1)[a:b]
-
-
-def _factor_runs(ps, factors, chunk_numel):
-    """(factor, batch of (param index, start, end)) over ``ps``: pieces of parameters stretched alike share a
-    call; the parameters keep their order within a factor."""
-    for f in dict.fromkeys(factors):
-        idx = [i for i, g in enumerate(factors) if g == f]
-        for batch in _batches([ps[i] for i in idx], chunk_numel):
-            yield f, [(idx[j], a, b) for j, a, b in batch]
 
 
 @torch.no_grad()
@@ -177,7 +149,7 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
         rounding = None   # fp32 weights: nothing to round, and no step count to read on the host per piece
     numbers = None if rounding is None else step_numbers(steps)
     starts = None if rounding is None else [global_start(p) for p in owners]
-    for factor, batch in _factor_runs(ps, lr_factors(observer, owners), chunk_numel):
+    for factor, batch in factor_runs(ps, lr_factors(observer, owners), chunk_numel):
         views = [(_flat(ps[i], a, b), _flat(grads[i], a, b), _flat(exp_avgs[i], a, b), _flat(exp_avg_sqs[i], a, b),
                   _flat(max_sqs[i], a, b) if amsgrad else None) for i, a, b in batch]
         counts = counts_of([steps[i] for i, _, _ in batch])
@@ -206,6 +178,11 @@ def _step_group(optimizer, group, params, chunk_numel, observer, rounding=None) 
 # optimizer -> (its ChunkedStep, that step's hook id). The optimizer keeps the ChunkedStep alive through its
 # hook, and the ChunkedStep holds the optimizer weakly: no cycle.
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _stepped_held(state, group) -> bool:
+    """Held moments this step updates a piece at a time: every moment 8-bit, or every moment on the host."""
+    return is_held(state, group) or is_host_held(state, group)
 
 
 def for_optimizer(optimizer) -> "ChunkedStep | None":
@@ -282,7 +259,7 @@ class ChunkedStep:
 
     def set_holder(self, holder) -> None:
         """``holder`` (a FrozenState with between_steps=True, held weakly; None: none) keeps every moment
-        8-bit between steps: the parameters it holds are stepped a piece at a time from their entries."""
+        8-bit (or on the host) between steps: the parameters it holds are stepped a piece at a time from there."""
         self._holder = None if holder is None else weakref.ref(holder)
 
     def takes(self, p, group, state) -> bool:
@@ -290,7 +267,7 @@ class ChunkedStep:
         it has a gradient (held state included, with a holder)."""
         if group is None or not _group_ok(group) or p.grad is None or not _layout_ok(p):
             return False
-        return not any(held_key(k) for k in state) or (self.holder is not None and is_held(state, group))
+        return not any(held_key(k) for k in state) or (self.holder is not None and _stepped_held(state, group))
 
     def _pre_hook(self, optimizer, args, kwargs) -> None:
         observer = self.observer
@@ -315,8 +292,8 @@ class ChunkedStep:
             if holder is not None:   # every moment 8-bit between steps: fresh state made held, held stepped so
                 for p in with_grad:
                     if not optimizer.state.get(p) and _layout_ok(p) and holder.can_hold(p):
-                        optimizer.state[p] = new_held_state(p, group, holder)
-                held = [p for p in with_grad if _layout_ok(p) and is_held(optimizer.state[p], group)]
+                        optimizer.state[p] = holder.new_state(p, group)
+                held = [p for p in with_grad if _layout_ok(p) and _stepped_held(optimizer.state[p], group)]
             taken = {id(p) for p in held}
             ours = [p for p in with_grad if id(p) not in taken and _param_ok(p, optimizer.state.get(p, {}))]
             taken.update(id(p) for p in ours)
@@ -328,7 +305,8 @@ class ChunkedStep:
                     for p in ours:
                         holder.hold(p)
             if held:
-                step_held(optimizer, group, held, self.chunk_numel, observer, holder, rounding)
+                stepper = step_held if holder.mode == "compress" else step_host
+                stepper(optimizer, group, held, self.chunk_numel, observer, holder, rounding)
                 self.pieces_stepped += len(held)
         if left and observer is not None:
             observer.left_to_optimizer(left)

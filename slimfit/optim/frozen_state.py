@@ -51,6 +51,7 @@ from slimfit._optimizer_state import unwrap_optimizer
 
 from . import checkpoint, chunked_step, codec, dynamic_code
 from .held_step import new_full_state, new_held_state
+from .host_step import new_host_state
 from .keys import HOST, Q8, base_key, held_key
 from .moments import compress_transform, offloadable
 from .sharded_params import blocks_fixed, global_start, like_param, local
@@ -108,16 +109,16 @@ class FrozenState:
         # between_steps on a plain optimizer: its ChunkedStep steps the held moments a piece at a time
         self._chunked = None
         if self.between_steps and hasattr(self.optimizer, "register_param_step_post_hook"):
-            self._chunked = _in_backward_chunked_step(self.optimizer, mode)
+            self._chunked = _in_backward_chunked_step(self.optimizer)
             if self._chunked is not None:
                 self._chunked.set_holder(self)
         elif self.between_steps:
             self._chunked = chunked_step.for_optimizer(self.optimizer)
-            if self._chunked is None or mode != "compress":
+            if self._chunked is None:
                 raise ValueError("FrozenState(between_steps=True) holds each trained parameter's state between its "
                                  "own steps, which needs the step of one parameter at a time: build the optimizer "
-                                 "with slimfit.optim.step_in_backward, or (mode='compress', a torch Adam/AdamW "
-                                 "that is not fused) attach a ChunkedStep first (slimfit.optim.attach_chunked_step; "
+                                 "with slimfit.optim.step_in_backward, or (a torch Adam/AdamW that is not "
+                                 "fused) attach a ChunkedStep first (slimfit.optim.attach_chunked_step; "
                                  "the scheduler attaches one by default)")
             self._chunked.set_holder(self)
         self._index: dict = {}           # id(p) -> its place in the optimizer's parameters (seeds)
@@ -177,7 +178,7 @@ class FrozenState:
             for p in group["params"]:
                 if opt.state.get(p) or id(p) in never_trained or not chunked_step.layout_ok_without_grad(p):
                     continue
-                opt.state[p] = new_held_state(p, group, self) if self.can_hold(p) else new_full_state(p, group)
+                opt.state[p] = self.new_state(p, group) if self.can_hold(p) else new_full_state(p, group)
 
     def freeze(self, params) -> int:
         """Compress (or offload) the state of ``params``; how many parameters had state to hold."""
@@ -246,6 +247,10 @@ class FrozenState:
         else:
             self.thaw(trained)
 
+    def transfer(self, device: torch.device):
+        """The object that moves this holder's host copies to ``device`` and back (transfer.py)."""
+        return self._transfer(device)
+
     def _transfer(self, device: torch.device):
         if self._one_transfer is not None:
             return self._one_transfer
@@ -262,6 +267,10 @@ class FrozenState:
         """Whether this holder codes ``p``'s moments: any plain tensor; an FSDP2 shard when its blocks are the
         whole parameter's at this world size (sharded_params.blocks_fixed; else its moments stay in full)."""
         return self.mode != "compress" or blocks_fixed(p, self.group_size)
+
+    def new_state(self, p, group) -> dict:
+        """A fresh Adam state for ``p`` held as this holder holds it (8-bit entries, or zeros on the host)."""
+        return new_held_state(p, group, self) if self.mode == "compress" else new_host_state(p, group, self)
 
     def hold(self, p) -> bool:
         """Hold ``p``'s state now (the chunked step, after stepping a state that was in full)."""
@@ -359,12 +368,12 @@ class FrozenState:
         return handle
 
 
-def _in_backward_chunked_step(optimizer, mode: str):
-    """The ChunkedStep hooked on a step in backward's per-parameter optimizers (None: none, or the moments go
-    to the host): held 8-bit moments are then stepped a piece at a time inside each parameter's own step, not
-    decoded whole before it and encoded after (a 152k x 896 embedding's two moments: 1 GiB of temporaries)."""
+def _in_backward_chunked_step(optimizer):
+    """The ChunkedStep hooked on a step in backward's per-parameter optimizers (None: none): held moments (8-bit,
+    or on the host) are then stepped a piece at a time inside each parameter's own step, not put back whole
+    before it and held again after (a 152k x 896 embedding's two moments: 1 GiB on the device at once)."""
     inner = getattr(optimizer, "optimizers", None)
-    if mode != "compress" or not isinstance(inner, dict):
+    if not isinstance(inner, dict):
         return None
     steps = {id(step): step for step in (chunked_step.for_optimizer(o) for o in inner.values()) if step is not None}
     return next(iter(steps.values())) if len(steps) == 1 else None

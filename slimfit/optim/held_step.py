@@ -22,8 +22,8 @@ from .sharded_params import global_start, local
 from .torch_adam import adam_step, lr_factors, scaled_group
 from .weight_rounding import ROUNDED_DTYPES, adam_step_rounded
 
-__all__ = ["held_moments", "step_held", "new_held_state", "new_full_state", "report_pieces", "copies", "counts_of",
-           "step_numbers"]
+__all__ = ["held_moments", "step_held", "step_pieces", "new_held_state", "new_full_state", "report_pieces", "copies",
+           "counts_of", "step_numbers"]
 
 _MOMENTS = (("exp_avg", False), ("exp_avg_sq", True))
 # Held parameters in the default code go through one op per call (fused_held_step.py); False: always the
@@ -83,13 +83,14 @@ def _batches(params, states, factors, chunk_numel: int, first_key: str):
     for i, p in enumerate(params):
         runs.setdefault((factors[i], states[i]["step"].device, type(p), p.device, p.dtype), []).append(i)
     # a call is at most the largest piece: its temporaries are no larger than one piece's alone
-    limit = min(chunk_numel, max((min(p.numel(), _aligned(chunk_numel, int(st[first_key]["group_size"])))
-                                  for p, st in zip(params, states)), default=chunk_numel))
+    aligns = [int(st[first_key]["group_size"]) for st in states]
+    limit = min(chunk_numel, max((min(p.numel(), _aligned(chunk_numel, g)) for p, g in zip(params, aligns)),
+                                 default=chunk_numel))
     for (factor, *_), idx in runs.items():
         batch, size = [], 0
         for i in idx:
             n = params[i].numel()
-            chunk = _aligned(chunk_numel, int(states[i][first_key]["group_size"]))
+            chunk = _aligned(chunk_numel, aligns[i])
             for a in range(0, n, chunk):
                 b = min(n, a + chunk)
                 if batch and size + b - a > limit:
@@ -159,27 +160,49 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
     encoding seeds), not once per piece."""
     moments = held_moments(group)
     states = [optimizer.state[p] for p in params]
-    steps = [st["step"] for st in states]
-    numbers = step_numbers(steps)
     if rounding is not None and not any(p.dtype in ROUNDED_DTYPES for p in params):
         rounding = None   # fp32 weights: nothing to round
-    watched = [observer is not None and observer.wants(p) for p in params]
-    last: list = [None] * len(params)
     # FSDP2 shards: the rank's pieces stepped, seeded from where they sit in the whole parameter
-    pieces_of, grads_of = [local(p) for p in params], [local(p.grad) for p in params]
-    starts = [global_start(p) for p in params]
+    pieces_of = [local(p) for p in params]
+    batches = _batches(pieces_of, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8)
     if FUSED and fusable(optimizer, group, states, params):
-        batches = _batches(pieces_of, states, lr_factors(observer, params), chunk_numel, moments[0][0] + Q8)
-        step_fused(group, params, states, numbers, pieces_of, grads_of, starts, batches, watched, observer, holder,
+        steps = [st["step"] for st in states]
+        step_fused(group, params, states, step_numbers(steps), pieces_of, [local(p.grad) for p in params],
+                   [global_start(p) for p in params], batches, [observer is not None and observer.wants(p)
+                                                                 for p in params], observer, holder,
                    rounding, report_pieces, copies)
         torch._foreach_add_(steps, 1)
         for p in params:
             p.grad = None
         return
-    for factor, batch in _batches(pieces_of, states, lr_factors(observer, params), chunk_numel,
-                                  moments[0][0] + Q8):
+
+    def load(batch, numbers, starts):
+        return [codec.decode_ranges([(states[i][k + Q8], a, b) for i, a, b in batch]) for k, _ in moments]
+
+    def store(batch, m, numbers, starts):
+        codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a + starts[i]))
+                              for (key, _), xs in zip(moments, m) for (i, a, _), x in zip(batch, xs)])
+
+    step_pieces(optimizer, group, params, batches, observer, rounding, load, store)
+
+
+@torch.no_grad()
+def step_pieces(optimizer, group, params, batches, observer, rounding, load, store) -> None:
+    """torch's functional Adam over ``batches`` (lr factor, [(param index, start, end)]) of ``params``' pieces,
+    the moments of a batch's pieces got from ``load(batch, numbers, starts)`` (a list per moment, a tensor per
+    piece) and handed back to ``store(batch, moments, numbers, starts)`` after the update (``numbers``: the
+    step counts read once; ``starts``: where each local piece sits in the whole parameter). Step counts move
+    by one, the observer sees each watched piece before and after, gradients are dropped."""
+    states = [optimizer.state[p] for p in params]
+    steps = [st["step"] for st in states]
+    numbers = step_numbers(steps)
+    watched = [observer is not None and observer.wants(p) for p in params]
+    last: list = [None] * len(params)
+    pieces_of, grads_of = [local(p) for p in params], [local(p.grad) for p in params]
+    starts = [global_start(p) for p in params]
+    for factor, batch in batches:
         pieces = [pieces_of[i].view(-1)[a:b] for i, a, b in batch]
-        m = [codec.decode_ranges([(states[i][k + Q8], a, b) for i, a, b in batch]) for k, _ in moments]
+        m = load(batch, numbers, starts)
         seen = [j for j, (i, _, _) in enumerate(batch) if watched[i]]
         olds = dict(zip(seen, copies([pieces[j] for j in seen]))) if seen else {}
         counts = counts_of([steps[i] for i, _, _ in batch])
@@ -190,8 +213,7 @@ def step_held(optimizer, group, params, chunk_numel: int, observer, holder, roun
         else:
             adam_step_rounded(optimizer, scaled_group(group, factor), *args,
                               [rounding.seed(params[i], numbers[i], a + starts[i]) for i, a, _ in batch])
-        codec.encode_ranges_([(states[i][key + Q8], a, x, _seed(holder, params[i], key, numbers[i], a + starts[i]))
-                              for (key, _), xs in zip(moments, m) for (i, a, _), x in zip(batch, xs)])
+        store(batch, m, numbers, starts)
         for j, (i, _, _) in enumerate(batch):
             last[i] = counts[j]
         if olds:

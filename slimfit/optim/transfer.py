@@ -14,6 +14,14 @@ overlap the training step and stay ordered among themselves (a copy back always 
                     until the copy is done).
   wait(ticket)      the compute stream waits for the event: no host synchronisation. Called right before
                     the optimizer step that reads the state.
+  zeros_host(shape, dtype)   a zero host buffer (pinned): a fresh state made on the host, never on the device.
+  piece_to_device(h, dev) / piece_to_host_(h, t)
+                    one piece of a host buffer (a view of it) copied to the device and back, on the compute
+                    stream: the chunked step streams host-held moments through these a piece at a time
+                    (host_step.py). The compute stream first waits for the side stream (a whole copy out
+                    still writing the buffer); a copy back is ordered before any later read of the buffer on
+                    either stream (to_device waits for the compute stream), and ``synchronize()`` waits for
+                    both streams before the host reads it.
 
 CpuTransfer (the CPU, or a device without pinned memory): "host" is a separate storage made by a
 synchronous copy; it saves nothing on a CPU-only machine and exists so the logic is testable there.
@@ -39,6 +47,15 @@ class CpuTransfer:
 
     def synchronize(self) -> None:
         pass
+
+    def zeros_host(self, shape, dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device="cpu")
+
+    def piece_to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return host.to(device, copy=True)
+
+    def piece_to_host_(self, host: torch.Tensor, t: torch.Tensor) -> None:
+        host.copy_(t)
 
 
 class CudaTransfer:
@@ -72,6 +89,17 @@ class CudaTransfer:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+        torch.cuda.current_stream(self.device).synchronize()   # pieces copied back on the compute stream
+
+    def zeros_host(self, shape, dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device="cpu", pin_memory=True)
+
+    def piece_to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return host.to(device, non_blocking=True)
+
+    def piece_to_host_(self, host: torch.Tensor, t: torch.Tensor) -> None:
+        host.copy_(t, non_blocking=True)   # the compute stream: t's memory is reused only after the copy
 
 
 def transfer_for(device: torch.device):

@@ -352,8 +352,8 @@ class SchedulerConfig(ConfigBase):
                        step, or between their own steps with step_in_backward; an 8-bit AdamW), "8bit-frozen"
                        (the frozen layers' moments 8-bit while frozen: 3.76x fewer bytes, lossy), "host-frozen"
                        (the frozen layers' moments in host memory while frozen; on a GPU, lossless), "host"
-                       (every layer's moments in host memory, each copied to the device for its own step inside
-                       backward: step_in_backward only; lossless) or "full" (as the optimizer made it)
+                       (every layer's moments in host memory, streamed to the device a piece at a time inside the
+                       chunked step or the step in backward; lossless) or "full" (as the optimizer made it)
                        (docs/optim.md).
                        "auto" (the default): "8bit" where the optimizer's step can hold every state (a torch
                        Adam/AdamW under the chunked step, or step_in_backward), else "8bit-frozen"; "full" under

@@ -371,6 +371,15 @@ class OffDeviceHost:
     def to_device(self, host: torch.Tensor, device):
         return torch.empty(host.shape, dtype=host.dtype, device=device), None
 
+    def zeros_host(self, shape, dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    def piece_to_device(self, host: torch.Tensor, device) -> torch.Tensor:
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
+
+    def piece_to_host_(self, host: torch.Tensor, t: torch.Tensor) -> None:
+        pass
+
     def wait(self, ticket) -> None:
         pass
 

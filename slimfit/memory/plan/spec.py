@@ -140,9 +140,6 @@ class StepSpec:
         elif self.optimizer_state not in ("auto", "full") and self.optimizer != "adamw":
             out.append(f"optimizer_state={self.optimizer_state!r} holds AdamW's moments: use it with optimizer adamw")
         out += self._switch_problems()
-        if self.optimizer_state == "host" and not self.step_in_backward:
-            out.append("optimizer_state='host' steps each parameter from host memory inside backward: it needs "
-                       "step_in_backward=True (or 'host-frozen': the frozen layers' state on the host)")
         out += self._kinds_problems() + self._code_problems() + self._embeddings_problems()
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             out.append(f"world_size must be an int >= 1 (the ranks FSDP2 shards over), got {self.world_size!r}")
