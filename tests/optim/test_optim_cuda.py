@@ -108,3 +108,32 @@ def test_step_in_backward_equals_a_plain_loop_on_the_device(kwargs):
     train(plain_model, plain, batch, 5)
     train(model, opt, batch, 5)
     assert all(torch.equal(a, b) for a, b in zip(weights(plain_model), weights(model)))
+
+
+@pytest.mark.parametrize("in_backward", [False, True], ids=["chunked", "in_backward"])
+def test_host_state_streamed_in_pieces_is_bit_identical_and_pinned(in_backward):
+    """optimizer_state="host" on the device: every moment in pinned host memory between steps, streamed a piece
+    at a time (the copies on the compute stream, non-blocking); the weights equal the state in full's, bit for
+    bit, and a state_dict read on the host sees the finished copies."""
+    batch = _cuda_batch()
+
+    def run(state):
+        model = build(0, d=256).to(CUDA)
+        opt = (step_in_backward(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.1) if in_backward else
+               torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, optimizer_state=state, seed=3,
+                             warmup_steps=0, step_chunk_numel=4096)
+        train(model, opt, batch, 6, sched=sched)
+        return model, opt, sched
+
+    ref, ref_opt, _ = run("full")
+    model, opt, sched = run("host")
+    for p in model.parameters():
+        host = opt.state[p]["exp_avg" + HOST]
+        assert host.device.type == "cpu" and host.is_pinned() and "exp_avg" not in opt.state[p]
+    saved = opt.state_dict()   # synchronizes: the host copies are complete
+    assert saved["state"]
+    sched.close()
+    assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(ref)))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(opt.state[p]["exp_avg_sq"], ref_opt.state[q]["exp_avg_sq"])

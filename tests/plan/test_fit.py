@@ -34,7 +34,9 @@ def plain_peak():
     return predict(BASE).total
 
 
-@pytest.mark.parametrize("share", [0.98, 0.8, 0.55])
+# one budget in the default suite (each fit predicts its 80 estimates: about a minute on 2 cores); the others slow
+@pytest.mark.parametrize("share", [pytest.param(0.98, marks=pytest.mark.slow), 0.8,
+                                   pytest.param(0.55, marks=pytest.mark.slow)])
 def test_the_configuration_picked_fits_when_measured(share, plain_peak):
     budget = int(share * plain_peak)
     result = fit(BASE, budget)
@@ -49,6 +51,7 @@ def test_the_configuration_picked_fits_when_measured(share, plain_peak):
     assert all(order[s.replace(frozen_state=None)] < i for s, i in order.items() if s.frozen_state)
 
 
+@pytest.mark.slow
 def test_nothing_fits_a_budget_below_the_weights(capsys):
     from slimfit import cli
 
@@ -57,11 +60,15 @@ def test_nothing_fits_a_budget_below_the_weights(capsys):
     assert "nothing fits" in out and "resident alone too big" in out
 
 
-def test_fit_prints_the_code_of_the_configuration(capsys, plain_peak):
+def test_fit_prints_the_code_of_the_configuration_and_its_progress(capsys, plain_peak):
     from slimfit import cli
 
     assert cli.main(["plan", "bert-tiny", "--batch", "4", "--seq", "64", "--fit", str(int(0.8 * plain_peak))]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err.splitlines()
+    # progress on stderr: one line per configuration estimated, then the predictions
+    assert len([line for line in err if " estimated " in line]) == len(candidates(BASE))
+    assert any(" predicted " in line and "step peak" in line for line in err)
     assert "fastest that fits:" in out and "optimizer.step()" in out and "loss.backward()" in out
     chosen = out.split("fastest that fits:")[1].splitlines()[0]
     if "rate" in chosen:
