@@ -8,7 +8,7 @@ import torch.distributed as dist
 from _models import MLP, regression_data
 from _two_ranks import init_worker
 
-from slimfit.optim.keys import Q8
+from slimfit.optim.keys import HOST, Q8
 
 
 def run(rank, world, port, outdir, steps):
@@ -99,7 +99,7 @@ def _body(rank, world, steps):
                    "unmoved": [n for n, w in _local(model).items() if w.numel() and torch.equal(w, before[n])]}
 
     # the scheduler with the chunked step, moments in full, against one process on the whole batch
-    for name, state in (("full", "full"), ("q8", "8bit")):
+    for name, state in (("full", "full"), ("q8", "8bit"), ("host", "host")):
         model = _sharded(copy.deepcopy(base))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0, update_scale="none",
@@ -118,7 +118,10 @@ def _body(rank, world, steps):
                      "scores_one": sched_one.layer_scores(), "chunked": sched.chunked_step is not None,
                      "in_step": bool(sched.chunked_step is not None and sched.chunked_step.pieces_stepped),
                      "between_steps": bool(sched.state_holder is not None and sched.state_holder.between_steps),
-                     "held_shapes": held, "local_shapes": {n: tuple(p.to_local().shape)
+                     "held_shapes": held, "host_shapes": {n: {k: tuple(v.shape) for k, v in opt.state[p].items()
+                                                              if k.endswith(HOST)}
+                                                          for n, p in model.named_parameters() if p in opt.state},
+                     "local_shapes": {n: tuple(p.to_local().shape)
                                                            for n, p in model.named_parameters()},
                      "held_nbytes": sched.state_holder.held_nbytes() if sched.state_holder is not None else 0,
                      "held_nbytes_one": (sched_one.state_holder.held_nbytes()

@@ -54,7 +54,7 @@ def test_held_state_dict_loads_into_a_plain_adamw_over_the_shards(ranks):
         assert p["count"] == 20 and p["dtensor"] and p["finite"] and p["local_match"]
 
 
-@pytest.mark.parametrize("state", ["full", "q8"])
+@pytest.mark.parametrize("state", ["full", "q8", "host"])
 def test_scheduler_under_fsdp2_steps_in_chunks_and_scores_inside(ranks, state):
     r0, r1 = (r[state] for r in ranks)
     assert r0["chunked"] and r0["in_step"] and r1["in_step"]
@@ -123,3 +123,17 @@ def test_held_moments_train_as_one_process_does(ranks):
     assert abs(q8["whole"] - q8["whole_one"]) <= 3 * abs(q8["whole_one"] - full["whole_one"]) + 1e-6
     assert full["whole"] == pytest.approx(full["whole_one"], rel=1e-6)
 
+
+
+def test_every_moment_on_the_host_streams_each_ranks_shard_and_trains_as_the_moments_in_full(ranks):
+    """optimizer_state="host" on shards: each rank's moments are its local pieces in host memory, stepped a
+    piece at a time inside the chunked step; lossless, so the weights are the full-state run's bit for bit."""
+    for r in ranks:
+        host, full = r["host"], r["full"]
+        assert host["between_steps"] and host["log"] == full["log"]
+        for name, shapes in host["host_shapes"].items():
+            assert shapes == {k: host["local_shapes"][name] for k in ("exp_avg@slimfit_host",
+                                                                      "exp_avg_sq@slimfit_host")}, name
+            assert host["full_moments"][name] == [], name
+        for name, w in host["weights"].items():
+            assert torch.equal(w, full["weights"][name]), name
