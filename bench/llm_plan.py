@@ -28,8 +28,9 @@ and AdamW's moments in bf16, as torch makes them), on fake CUDA (--device cuda: 
   slimfit + step in backward + ckpt, 4-bit  ... with every moment 4-bit (state_code="dynamic4");
   slimfit + step in backward + ckpt, host   ... with optimizer_state="host": every moment in host memory, each
                     trained parameter's streamed in for its step and back a piece at a time (lossless; what a
-                    paged optimizer does under pressure, without a whole parameter's moments on the device). `host s` is that traffic's time (plan/cost.py's host_traffic_seconds: 25 GB/s
-                    each way, a PCIe Gen5 x16 link's practical rate), which the plan's step time leaves out;
+                    paged optimizer does under pressure, without a whole parameter's moments on the device).
+                    `host s` is that traffic's time (plan/cost.py's host_traffic_seconds: 25 GB/s each way, a
+                    PCIe Gen5 x16 link's practical rate), which the plan's step time leaves out;
   slimfit + step in backward + ckpt, host, table held   ... and embeddings="freeze" (the input embedding, and a
                     tied head, held frozen for the run);
 with the step time of plan/cost.py (nominal H100-class rates: for ranking, not a benchmark).
