@@ -83,9 +83,13 @@ def _by_hand(model):
     return fully_shard(model)
 
 
-def _train(model, opt, sched, steps, rank, backward):
+def _ids(rank):
+    """Each rank's own batch (2 rows of 16 tokens, every label counted: the ranks' mean is the union's mean)."""
+    return torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(rank))
+
+
+def _train(model, opt, sched, steps, ids, backward):
     log, losses = [], []
-    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(rank))   # each rank its own
     for _ in range(steps):
         log.append(tuple(sched.frozen_names()))
         loss = model(input_ids=ids, labels=ids).loss
@@ -106,7 +110,7 @@ def _body(rank, steps, outdir):
     model = copy.deepcopy(base)
     accelerator, model, opt = _accelerated(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, warmup_steps=0)
-    log, losses = _train(model, opt, sched, steps, rank, accelerator.backward)
+    log, losses = _train(model, opt, sched, steps, _ids(rank), accelerator.backward)
     inner = opt.optimizer
     out["accelerated"] = {
         "log": log, "losses": losses, "optimizer": type(opt).__name__,
@@ -123,9 +127,31 @@ def _body(rank, steps, outdir):
     hand = _by_hand(copy.deepcopy(base))
     opt_hand = torch.optim.AdamW(hand.parameters(), lr=1e-3)
     sched_hand = ILSScheduler(hand, freeze_rate=0.5, optimizer=opt_hand, seed=0, warmup_steps=0)
-    log, losses = _train(hand, opt_hand, sched_hand, steps, rank, lambda loss: loss.backward())
+    log, losses = _train(hand, opt_hand, sched_hand, steps, _ids(rank), lambda loss: loss.backward())
     out["by_hand"] = {"log": log, "losses": losses,
                       "weights": {n: p.detach().full_tensor().clone() for n, p in hand.named_parameters()}}
+    sched_hand.close()
+    out["world"] = _against_one_process(base, rank, steps)
+    return out
+
+
+def _against_one_process(base, rank, steps):
+    """The scheduler with the moments in full (the chunked step on the shards, scores summed over them) on two
+    ranks against one process on both ranks' batches: the same frozen sets, weights equal to summation order."""
+    from slimfit.scheduler import ILSScheduler
+
+    out = {}
+    for name, model, ids, distributed in (("shards", _by_hand(copy.deepcopy(base)), _ids(rank), True),
+                                          ("one", copy.deepcopy(base), torch.cat([_ids(0), _ids(1)]), False)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, warmup_steps=0, optimizer_state="full",
+                             distributed=distributed)
+        log, _ = _train(model, opt, sched, steps, ids, lambda loss: loss.backward())
+        weights = {n: (p.detach().full_tensor() if distributed else p.detach()).clone()
+                   for n, p in model.named_parameters()}
+        out[name] = {"log": log, "weights": weights, "in_step": sched.chunked_step is not None
+                     and sched.chunked_step.pieces_stepped > 0}
+        sched.close()
     return out
 
 
