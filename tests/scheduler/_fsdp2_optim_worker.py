@@ -99,7 +99,8 @@ def _body(rank, world, steps):
                    "unmoved": [n for n, w in _local(model).items() if w.numel() and torch.equal(w, before[n])]}
 
     # the scheduler with the chunked step, moments in full, against one process on the whole batch
-    for name, state in (("full", "full"), ("q8", "8bit"), ("host", "host")):
+    for name, state in (("full", "full"), ("q8", "8bit"), ("host", "host"), ("q8frozen", "8bit-frozen"),
+                        ("hostfrozen", "host-frozen")):
         model = _sharded(copy.deepcopy(base))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         sched = ILSScheduler(model, freeze_rate=0.6, optimizer=opt, seed=0, update_scale="none",

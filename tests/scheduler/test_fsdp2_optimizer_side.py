@@ -54,7 +54,7 @@ def test_held_state_dict_loads_into_a_plain_adamw_over_the_shards(ranks):
         assert p["count"] == 20 and p["dtensor"] and p["finite"] and p["local_match"]
 
 
-@pytest.mark.parametrize("state", ["full", "q8", "host"])
+@pytest.mark.parametrize("state", ["full", "q8", "host", "q8frozen", "hostfrozen"])
 def test_scheduler_under_fsdp2_steps_in_chunks_and_scores_inside(ranks, state):
     r0, r1 = (r[state] for r in ranks)
     assert r0["chunked"] and r0["in_step"] and r1["in_step"]
@@ -137,3 +137,15 @@ def test_every_moment_on_the_host_streams_each_ranks_shard_and_trains_as_the_mom
             assert host["full_moments"][name] == [], name
         for name, w in host["weights"].items():
             assert torch.equal(w, full["weights"][name]), name
+
+
+def test_the_frozen_layers_state_held_on_shards(ranks):
+    """optimizer_state "host-frozen" (lossless: the weights are the full-state run's bit for bit) and
+    "8bit-frozen" (held per shard where the shard keeps whole blocks) under FSDP2."""
+    for r in ranks:
+        host, q8, full = r["hostfrozen"], r["q8frozen"], r["full"]
+        assert not host["between_steps"] and not q8["between_steps"]
+        assert host["log"] == full["log"]
+        for name, w in host["weights"].items():
+            assert torch.equal(w, full["weights"][name]), name
+        assert q8["held_nbytes"] > 0 and any(q8["held_shapes"].values())
