@@ -74,6 +74,22 @@ def _body(rank, world, steps):
     out["chunked_state_is_dtensor"] = all(type(st["exp_avg"]).__name__ == "DTensor"
                                           for st in opt_chunked.state.values())
 
+    # the step in backward on shards: each shard stepped as its reduced gradient lands; alone (torch's AdamW bit
+    # for bit), and under the scheduler's defaults (every moment 8-bit, stepped a piece at a time per parameter)
+    from slimfit.optim import step_in_backward
+
+    sib = _sharded(copy.deepcopy(base))
+    _train(sib, step_in_backward(sib, torch.optim.AdamW, lr=1e-2, weight_decay=0.1), None, x[half], y[half], steps)
+    out["in_backward"] = _local(sib)
+    sib = _sharded(copy.deepcopy(base))
+    opt_sib = step_in_backward(sib, torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    sched = ILSScheduler(sib, freeze_rate=0.6, optimizer=opt_sib, seed=0, warmup_steps=0)
+    log, losses = _train(sib, opt_sib, sched, x[half], y[half], steps)
+    out["in_backward_defaults"] = {"log": log, "losses": losses, "weights": _full(sib),
+                                   "between_steps": sched.state_holder.between_steps,
+                                   "held": sum(1 for st in opt_sib.state.values() for k in st if k.endswith(Q8))}
+    sched.close()
+
     # gradient accumulation over two micro-batches and clip_grad_norm_, both ways
     plain, chunked = _sharded(copy.deepcopy(base)), _sharded(copy.deepcopy(base))
     opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)

@@ -149,3 +149,17 @@ def test_the_frozen_layers_state_held_on_shards(ranks):
         for name, w in host["weights"].items():
             assert torch.equal(w, full["weights"][name]), name
         assert q8["held_nbytes"] > 0 and any(q8["held_shapes"].values())
+
+
+def test_the_step_in_backward_on_shards(ranks):
+    """step_in_backward on FSDP2 shards: alone, torch's AdamW step bit for bit; under the scheduler's defaults,
+    every moment held 8-bit, both ranks deciding alike and ending on the same weights."""
+    for r in ranks:
+        for name, w in r["plain"].items():
+            assert torch.equal(w, r["in_backward"][name]), name
+        d = r["in_backward_defaults"]
+        assert d["between_steps"] and d["held"] > 0 and d["losses"][-1] < 0.5 * d["losses"][0]
+    d0, d1 = (r["in_backward_defaults"] for r in ranks)
+    assert d0["log"] == d1["log"] and len(set(d0["log"])) > 1
+    for name, w in d0["weights"].items():
+        assert torch.equal(w, d1["weights"][name]), name
