@@ -14,6 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from _models import tiny_llama
 
 from slimfit.optim.keys import Q8
 
@@ -56,15 +57,6 @@ def _force_fsdp(state, plugin) -> None:
     state.fsdp_plugin = plugin
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)   # FSDP2 does not broadcast: the same init on every rank
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    return LlamaForCausalLM(config)
-
-
 def _accelerated(model, opt):
     from accelerate import Accelerator
 
@@ -105,7 +97,7 @@ def _body(rank, steps, outdir):
     from slimfit.optim.sharded_params import blocks_fixed
     from slimfit.scheduler import ILSScheduler
 
-    base = _tiny_llama()
+    base = tiny_llama()
     out = {}
     model = copy.deepcopy(base)
     accelerator, model, opt = _accelerated(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
@@ -130,28 +122,6 @@ def _body(rank, steps, outdir):
     log, losses = _train(hand, opt_hand, sched_hand, steps, _ids(rank), lambda loss: loss.backward())
     out["by_hand"] = {"log": log, "losses": losses,
                       "weights": {n: p.detach().full_tensor().clone() for n, p in hand.named_parameters()}}
-    sched_hand.close()
-    out["world"] = _against_one_process(base, rank, steps)
-    return out
-
-
-def _against_one_process(base, rank, steps):
-    """The scheduler with the moments in full (the chunked step on the shards, scores summed over them) on two
-    ranks against one process on both ranks' batches: the same frozen sets, weights equal to summation order."""
-    from slimfit.scheduler import ILSScheduler
-
-    out = {}
-    for name, model, ids, distributed in (("shards", _by_hand(copy.deepcopy(base)), _ids(rank), True),
-                                          ("one", copy.deepcopy(base), torch.cat([_ids(0), _ids(1)]), False)):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        sched = ILSScheduler(model, freeze_rate=0.5, optimizer=opt, seed=0, warmup_steps=0, optimizer_state="full",
-                             distributed=distributed)
-        log, _ = _train(model, opt, sched, steps, ids, lambda loss: loss.backward())
-        weights = {n: (p.detach().full_tensor() if distributed else p.detach()).clone()
-                   for n, p in model.named_parameters()}
-        out[name] = {"log": log, "weights": weights, "in_step": sched.chunked_step is not None
-                     and sched.chunked_step.pieces_stepped > 0}
-        sched.close()
     return out
 
 
@@ -161,7 +131,7 @@ def _trainer(rank, steps, outdir):
     from slimfit.optim.sharded_params import blocks_fixed
     from slimfit.scheduler import SlimFitCallback
 
-    model = _tiny_llama()
+    model = tiny_llama()
     ids = torch.randint(0, VOCAB, (2 * steps, 16), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in ids]
     args = TrainingArguments(output_dir=outdir, per_device_train_batch_size=1, max_steps=steps, use_cpu=True,

@@ -41,3 +41,14 @@ def bert_batch(n=8, seq=12, seed=0):
     ids = torch.randint(1, 64, (n, seq), generator=g)
     labels = (ids[:, 0] % 2).long()
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def tiny_llama(seed=0):
+    """A 3-layer Llama with an untied head (every label of a batch counted: its mean loss over ranks' batches of
+    one size is the union's mean)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)   # FSDP2 does not broadcast: the same init on every rank
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
